@@ -1,12 +1,44 @@
 """Device mesh and partitioning rules (DESIGN: "Functional learner", named mesh over data / fsdp / tensor)."""
 
+from rstar_jax.parallel.mesh import make_mesh, resolve_axis_sizes
+from rstar_jax.parallel.params import (
+    cache_spec,
+    param_logical_axes,
+    param_path,
+    param_shardings,
+    param_specs,
+    shard_params,
+)
 from rstar_jax.parallel.sharding import (
     ACTIVATION_RULES,
+    CACHE_AXES,
     MESH_AXES,
+    PARAM_AXIS_RULES,
+    PARAM_RULES,
     active_mesh,
     constrain,
+    fit_spec,
     logical_to_spec,
     use_mesh,
 )
 
-__all__ = ["ACTIVATION_RULES", "MESH_AXES", "active_mesh", "constrain", "logical_to_spec", "use_mesh"]
+__all__ = [
+    "ACTIVATION_RULES",
+    "CACHE_AXES",
+    "MESH_AXES",
+    "PARAM_AXIS_RULES",
+    "PARAM_RULES",
+    "active_mesh",
+    "cache_spec",
+    "constrain",
+    "fit_spec",
+    "logical_to_spec",
+    "make_mesh",
+    "param_logical_axes",
+    "param_path",
+    "param_shardings",
+    "param_specs",
+    "resolve_axis_sizes",
+    "shard_params",
+    "use_mesh",
+]

@@ -1,0 +1,91 @@
+"""Partition specs and shardings of the model parameters and the KV cache, from the tables in `sharding`.
+
+The learner and the in-process engine place parameters with `shard_params` and give `param_shardings` to
+`jax.jit(in_shardings=..., out_shardings=...)`; a new parameter that no rule names fails loudly here instead of
+silently ending up replicated.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import jax
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from rstar_jax.parallel.sharding import (
+    CACHE_AXES,
+    PARAM_AXIS_RULES,
+    PARAM_RULES,
+    MeshAxes,
+    fit_spec,
+    logical_to_spec,
+)
+
+PyTree = Any
+
+
+def param_path(keypath: tuple[Any, ...]) -> str:
+    """The '/'-joined path of a pytree leaf ('layers/attn/q_proj/kernel'), as PARAM_RULES patterns match it."""
+    return jax.tree_util.keystr(keypath, simple=True, separator="/")
+
+
+def param_logical_axes(
+    path: str,
+    ndim: int,
+    rules: tuple[tuple[str, tuple[str, ...]], ...] = PARAM_RULES,
+) -> tuple[str, ...]:
+    """Logical axes of the parameter at `path`: the axes of the one rule whose pattern fully matches it."""
+    matches = [(pattern, axes) for pattern, axes in rules if re.fullmatch(pattern, path)]
+    if not matches:
+        raise ValueError(f"no partition rule matches parameter {path!r}; add one to PARAM_RULES")
+    if len(matches) > 1:
+        raise ValueError(f"parameter {path!r} matches several partition rules: {[p for p, _ in matches]}")
+    pattern, axes = matches[0]
+    if len(axes) != ndim:
+        raise ValueError(f"parameter {path!r} has rank {ndim} but rule {pattern!r} names {len(axes)} axes {axes}")
+    return axes
+
+
+def param_specs(
+    params: PyTree,
+    mesh: Mesh | None = None,
+    rules: tuple[tuple[str, tuple[str, ...]], ...] = PARAM_RULES,
+    axis_rules: dict[str, MeshAxes] = PARAM_AXIS_RULES,
+) -> PyTree:
+    """PartitionSpec of every parameter (same tree structure); with a mesh, uneven splits fall back to replication.
+
+    `params` may hold arrays or anything with `.shape` and `.ndim` (e.g. `jax.ShapeDtypeStruct` from
+    `jax.eval_shape`), so specs can be computed before the parameters exist.
+    """
+
+    def spec_of(keypath: tuple[Any, ...], leaf: Any) -> PartitionSpec:
+        spec = logical_to_spec(param_logical_axes(param_path(keypath), leaf.ndim, rules), axis_rules)
+        return spec if mesh is None else fit_spec(spec, tuple(leaf.shape), mesh)
+
+    return jax.tree_util.tree_map_with_path(spec_of, params)
+
+
+def _named(specs: PyTree, mesh: Mesh) -> PyTree:
+    """NamedSharding on `mesh` for every PartitionSpec leaf of `specs`."""
+    return jax.tree_util.tree_map(
+        lambda spec: NamedSharding(mesh, spec), specs, is_leaf=lambda x: isinstance(x, PartitionSpec)
+    )
+
+
+def param_shardings(params: PyTree, mesh: Mesh) -> PyTree:
+    """NamedSharding of every parameter on `mesh` (for jit in_shardings / out_shardings and device_put)."""
+    return _named(param_specs(params, mesh), mesh)
+
+
+def shard_params(params: PyTree, mesh: Mesh) -> PyTree:
+    """The parameters placed on `mesh` by the partition rules (each device then holds only its slices)."""
+    return jax.device_put(params, param_shardings(params, mesh))
+
+
+def cache_spec(shape: tuple[int, ...], mesh: Mesh | None = None) -> PartitionSpec:
+    """PartitionSpec of a stacked k or v cache [layers, batch, max_len, kv_heads, head_dim] (CACHE_AXES)."""
+    if len(shape) != len(CACHE_AXES):
+        raise ValueError(f"a KV cache array has shape {CACHE_AXES}, got rank {len(shape)} shape {tuple(shape)}")
+    spec = logical_to_spec(CACHE_AXES, PARAM_AXIS_RULES)
+    return spec if mesh is None else fit_spec(spec, tuple(shape), mesh)

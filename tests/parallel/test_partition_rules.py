@@ -1,0 +1,207 @@
+"""Partition rules on a hand-built parameter tree of the model's exact structure (issue 2 item 5).
+
+The expected specs are written out by hand from the FSDP + tensor layout: the big non-tensor dimension over
+'fsdp', heads / MLP / vocabulary over 'tensor', the stacked layer axis whole.
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from rstar_jax.parallel import (
+    cache_spec,
+    constrain,
+    fit_spec,
+    make_mesh,
+    param_shardings,
+    param_specs,
+    shard_params,
+    use_mesh,
+)
+
+V, E, L, HQ, HKV, D, F = 64, 32, 2, 4, 2, 8, 48
+
+
+def model_shaped_params(vocab=V, embed=E, tied=False, qkv_bias=True, qk_norm=True):
+    """A parameter tree with the structure rstar_jax.model.init_params produces (arange values, f32)."""
+    shapes = {
+        "embed": {"embedding": (vocab, embed)},
+        "layers": {
+            "input_norm": {"scale": (L, embed)},
+            "attn": {
+                "q_proj": {"kernel": (L, embed, HQ * D)},
+                "k_proj": {"kernel": (L, embed, HKV * D)},
+                "v_proj": {"kernel": (L, embed, HKV * D)},
+                "o_proj": {"kernel": (L, HQ * D, embed)},
+            },
+            "post_attn_norm": {"scale": (L, embed)},
+            "mlp": {
+                "gate_proj": {"kernel": (L, embed, F)},
+                "up_proj": {"kernel": (L, embed, F)},
+                "down_proj": {"kernel": (L, F, embed)},
+            },
+        },
+        "final_norm": {"scale": (embed,)},
+    }
+    attn = shapes["layers"]["attn"]
+    if qkv_bias:
+        attn["q_proj"]["bias"] = (L, HQ * D)
+        attn["k_proj"]["bias"] = (L, HKV * D)
+        attn["v_proj"]["bias"] = (L, HKV * D)
+    if qk_norm:
+        attn["q_norm"] = {"scale": (L, D)}
+        attn["k_norm"] = {"scale": (L, D)}
+    if not tied:
+        shapes["lm_head"] = {"kernel": (embed, vocab)}
+    return jax.tree_util.tree_map(
+        lambda shape: jnp.arange(np.prod(shape), dtype=jnp.float32).reshape(shape),
+        shapes,
+        is_leaf=lambda x: isinstance(x, tuple),
+    )
+
+
+EXPECTED_SPECS = {
+    "embed": {"embedding": P("tensor", "fsdp")},
+    "layers": {
+        "input_norm": {"scale": P(None, None)},
+        "attn": {
+            "q_proj": {"kernel": P(None, "fsdp", "tensor"), "bias": P(None, "tensor")},
+            "k_proj": {"kernel": P(None, "fsdp", "tensor"), "bias": P(None, "tensor")},
+            "v_proj": {"kernel": P(None, "fsdp", "tensor"), "bias": P(None, "tensor")},
+            "o_proj": {"kernel": P(None, "tensor", "fsdp")},
+            "q_norm": {"scale": P(None, None)},
+            "k_norm": {"scale": P(None, None)},
+        },
+        "post_attn_norm": {"scale": P(None, None)},
+        "mlp": {
+            "gate_proj": {"kernel": P(None, "fsdp", "tensor")},
+            "up_proj": {"kernel": P(None, "fsdp", "tensor")},
+            "down_proj": {"kernel": P(None, "tensor", "fsdp")},
+        },
+    },
+    "final_norm": {"scale": P(None)},
+    "lm_head": {"kernel": P("fsdp", "tensor")},
+}
+
+
+def test_every_parameter_gets_its_hand_written_spec():
+    assert param_specs(model_shaped_params()) == EXPECTED_SPECS
+
+
+def test_specs_from_shapes_alone_match_specs_from_arrays():
+    params = model_shaped_params()
+    assert param_specs(jax.eval_shape(lambda: params)) == param_specs(params)
+
+
+def test_optional_parameters_may_be_absent():
+    specs = param_specs(model_shaped_params(tied=True, qkv_bias=False, qk_norm=False))
+    assert "lm_head" not in specs
+    assert set(specs["layers"]["attn"]) == {"q_proj", "k_proj", "v_proj", "o_proj"}
+    assert specs["layers"]["attn"]["q_proj"] == {"kernel": P(None, "fsdp", "tensor")}
+
+
+def test_unmatched_parameter_is_named_in_the_error():
+    params = model_shaped_params()
+    params["layers"]["attn"]["rotary"] = {"freqs": jnp.zeros((L, D))}
+    with pytest.raises(ValueError, match=r"no partition rule matches parameter 'layers/attn/rotary/freqs'"):
+        param_specs(params)
+
+
+def test_rank_mismatch_is_named_in_the_error():
+    params = model_shaped_params()
+    params["final_norm"]["scale"] = jnp.zeros((L, E))
+    with pytest.raises(ValueError, match=r"'final_norm/scale' has rank 2 but rule"):
+        param_specs(params)
+
+
+def test_rule_overlap_is_an_error():
+    rules = ((r"final_norm/.*", ("embed",)), (r".*/scale", ("embed",)))
+    with pytest.raises(ValueError, match=r"'final_norm/scale' matches several partition rules"):
+        param_specs({"final_norm": {"scale": jnp.zeros((E,))}}, rules=rules)
+
+
+@pytest.mark.parametrize(
+    "sizes",
+    [{"data": 2, "fsdp": 2, "tensor": 2}, {"data": 1, "fsdp": 8, "tensor": 1}, {"data": 2, "fsdp": 1, "tensor": 4}],
+)
+def test_shard_params_really_splits_each_parameter(sizes):
+    mesh = make_mesh(**sizes)
+    params = model_shaped_params()
+    sharded = shard_params(params, mesh)
+    for (path, array), spec in zip(
+        jax.tree_util.tree_leaves_with_path(sharded), jax.tree_util.tree_leaves(EXPECTED_SPECS, is_leaf=_is_spec)
+    ):
+        assert array.sharding == NamedSharding(mesh, spec), path
+        expected_local = tuple(
+            dim // (1 if axis is None else mesh.shape[axis]) for dim, axis in zip(array.shape, tuple(spec))
+        )
+        assert array.addressable_shards[0].data.shape == expected_local, path
+    np.testing.assert_array_equal(
+        sharded["layers"]["mlp"]["down_proj"]["kernel"], params["layers"]["mlp"]["down_proj"]["kernel"]
+    )
+    q_kernel = sharded["layers"]["attn"]["q_proj"]["kernel"]
+    assert q_kernel.addressable_shards[0].data.size * mesh.shape["fsdp"] * mesh.shape["tensor"] == q_kernel.size
+
+
+def _is_spec(x):
+    return isinstance(x, P)
+
+
+def test_uneven_dimension_falls_back_to_replication():
+    mesh = make_mesh(data=1, fsdp=4, tensor=2)
+    params = model_shaped_params(vocab=63, embed=30)  # 63 not divisible by tensor=2, 30 not by fsdp=4
+    specs = param_specs(params, mesh)
+    assert specs["embed"]["embedding"] == P(None, None)
+    assert specs["lm_head"]["kernel"] == P(None, None)
+    assert specs["layers"]["attn"]["q_proj"]["kernel"] == P(None, None, "tensor")
+    assert specs["layers"]["mlp"]["down_proj"]["kernel"] == P(None, "tensor", None)
+    sharded = shard_params(params, mesh)
+    assert sharded["embed"]["embedding"].addressable_shards[0].data.shape == (63, 30)
+    assert sharded["layers"]["attn"]["q_proj"]["kernel"].addressable_shards[0].data.shape == (L, 30, HQ * D // 2)
+
+
+def test_fit_spec_keeps_the_longest_dividing_prefix_of_a_tuple():
+    mesh = make_mesh(data=2, fsdp=2, tensor=2)
+    assert fit_spec(P(("data", "fsdp"), "tensor"), (4, 6), mesh) == P(("data", "fsdp"), "tensor")
+    assert fit_spec(P(("data", "fsdp"), "tensor"), (2, 3), mesh) == P(("data",), None)
+    assert fit_spec(P(("data", "fsdp"), None), (1, 3), mesh) == P(None, None)
+
+
+def test_param_shardings_are_named_shardings_on_the_mesh():
+    mesh = make_mesh(data=2, fsdp=2, tensor=2)
+    shardings = param_shardings(model_shaped_params(), mesh)
+    assert shardings["lm_head"]["kernel"] == NamedSharding(mesh, P("fsdp", "tensor"))
+
+
+def test_cache_spec_splits_batch_and_kv_heads():
+    mesh = make_mesh(data=2, fsdp=2, tensor=2)
+    assert cache_spec((L, 4, 16, HKV, D)) == P(None, ("data", "fsdp"), None, "tensor", None)
+    assert cache_spec((L, 2, 16, 1, D), mesh) == P(None, ("data",), None, None, None)
+    with pytest.raises(ValueError, match=r"KV cache array .* got rank 4"):
+        cache_spec((L, 4, 16, HKV))
+
+
+def test_constrain_is_identity_without_a_mesh_and_shards_with_one():
+    x = jnp.arange(4 * 6 * 8, dtype=jnp.float32).reshape(4, 6, 8)
+    assert constrain(x, "batch", "seq", "heads") is x
+    mesh = make_mesh(data=2, fsdp=2, tensor=2)
+
+    @jax.jit
+    def double(x):
+        with use_mesh(mesh):
+            return constrain(x * 2, "batch", "seq", "heads")
+
+    y = double(x)
+    np.testing.assert_array_equal(y, x * 2)
+    assert y.sharding.spec == P(("data", "fsdp"), None, "tensor")
+    odd = double(jnp.ones((3, 6, 5)))  # neither 3 nor 5 divides: stays whole, still runs
+    assert odd.sharding.is_fully_replicated
+
+
+def test_unknown_logical_axis_is_named():
+    mesh = make_mesh(data=2, fsdp=2, tensor=2)
+    with use_mesh(mesh), pytest.raises(ValueError, match=r"unknown logical axis names \['tokens'\]"):
+        constrain(jnp.ones((4, 4)), "batch", "tokens")
