@@ -52,6 +52,7 @@ PARAM_RULES: tuple[tuple[str, tuple[str, ...]], ...] = (
     (r"layers/attn/(k_proj|v_proj)/kernel", ("layers", "embed_fsdp", "kv_heads")),
     (r"layers/attn/(k_proj|v_proj)/bias", ("layers", "kv_heads")),
     (r"layers/attn/o_proj/kernel", ("layers", "heads", "embed_fsdp")),
+    (r"layers/attn/o_proj/bias", ("layers", "embed")),
     (r"layers/attn/(q_norm|k_norm)/scale", ("layers", "head_dim")),
     (r"layers/mlp/(gate_proj|up_proj)/kernel", ("layers", "embed_fsdp", "mlp")),
     (r"layers/mlp/down_proj/kernel", ("layers", "mlp", "embed_fsdp")),

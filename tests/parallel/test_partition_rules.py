@@ -25,7 +25,7 @@ from rstar_jax.parallel import (
 V, E, L, HQ, HKV, D, F = 64, 32, 2, 4, 2, 8, 48
 
 
-def model_shaped_params(vocab=V, embed=E, tied=False, qkv_bias=True, qk_norm=True):
+def model_shaped_params(vocab=V, embed=E, tied=False, qkv_bias=True, o_bias=True, qk_norm=True):
     """A parameter tree with the structure rstar_jax.model.init_params produces (arange values, f32)."""
     shapes = {
         "embed": {"embedding": (vocab, embed)},
@@ -51,6 +51,8 @@ def model_shaped_params(vocab=V, embed=E, tied=False, qkv_bias=True, qk_norm=Tru
         attn["q_proj"]["bias"] = (L, HQ * D)
         attn["k_proj"]["bias"] = (L, HKV * D)
         attn["v_proj"]["bias"] = (L, HKV * D)
+    if o_bias:
+        attn["o_proj"]["bias"] = (L, embed)
     if qk_norm:
         attn["q_norm"] = {"scale": (L, D)}
         attn["k_norm"] = {"scale": (L, D)}
@@ -71,7 +73,7 @@ EXPECTED_SPECS = {
             "q_proj": {"kernel": P(None, "fsdp", "tensor"), "bias": P(None, "tensor")},
             "k_proj": {"kernel": P(None, "fsdp", "tensor"), "bias": P(None, "tensor")},
             "v_proj": {"kernel": P(None, "fsdp", "tensor"), "bias": P(None, "tensor")},
-            "o_proj": {"kernel": P(None, "tensor", "fsdp")},
+            "o_proj": {"kernel": P(None, "tensor", "fsdp"), "bias": P(None, None)},
             "q_norm": {"scale": P(None, None)},
             "k_norm": {"scale": P(None, None)},
         },
@@ -97,7 +99,7 @@ def test_specs_from_shapes_alone_match_specs_from_arrays():
 
 
 def test_optional_parameters_may_be_absent():
-    specs = param_specs(model_shaped_params(tied=True, qkv_bias=False, qk_norm=False))
+    specs = param_specs(model_shaped_params(tied=True, qkv_bias=False, o_bias=False, qk_norm=False))
     assert "lm_head" not in specs
     assert set(specs["layers"]["attn"]) == {"q_proj", "k_proj", "v_proj", "o_proj"}
     assert specs["layers"]["attn"]["q_proj"] == {"kernel": P(None, "fsdp", "tensor")}
