@@ -2,6 +2,7 @@
 
 from rstar_jax.parallel.mesh import make_mesh, resolve_axis_sizes
 from rstar_jax.parallel.params import (
+    cache_shardings,
     cache_spec,
     param_logical_axes,
     param_path,
@@ -29,6 +30,7 @@ __all__ = [
     "PARAM_AXIS_RULES",
     "PARAM_RULES",
     "active_mesh",
+    "cache_shardings",
     "cache_spec",
     "constrain",
     "fit_spec",

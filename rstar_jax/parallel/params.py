@@ -89,3 +89,8 @@ def cache_spec(shape: tuple[int, ...], mesh: Mesh | None = None) -> PartitionSpe
         raise ValueError(f"a KV cache array has shape {CACHE_AXES}, got rank {len(shape)} shape {tuple(shape)}")
     spec = logical_to_spec(CACHE_AXES, PARAM_AXIS_RULES)
     return spec if mesh is None else fit_spec(spec, tuple(shape), mesh)
+
+
+def cache_shardings(cache: PyTree, mesh: Mesh) -> PyTree:
+    """NamedSharding of every stacked k / v array of a KV cache pytree (e.g. the model's (keys, values))."""
+    return jax.tree_util.tree_map(lambda leaf: NamedSharding(mesh, cache_spec(tuple(leaf.shape), mesh)), cache)
