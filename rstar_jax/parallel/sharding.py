@@ -68,10 +68,19 @@ _ACTIVE_MESH: contextvars.ContextVar[Mesh | None] = contextvars.ContextVar("rsta
 
 @contextlib.contextmanager
 def use_mesh(mesh: Mesh | None) -> Iterator[Mesh | None]:
-    """Make `mesh` the one `constrain` shards activations over while tracing inside this block."""
+    """Make `mesh` the one `constrain` shards activations over while tracing inside this block.
+
+    The mesh also enters JAX's own abstract-mesh context, which is part of every jit cache key: a function jitted
+    on its own (the model's `forward`) and traced once without a mesh is then traced again under one, instead of
+    silently reusing the unconstrained trace. Works inside and outside `jax.jit`.
+    """
     token = _ACTIVE_MESH.set(mesh)
     try:
-        yield mesh
+        if mesh is None:
+            yield mesh
+        else:
+            with jax.sharding.use_abstract_mesh(mesh.abstract_mesh):
+                yield mesh
     finally:
         _ACTIVE_MESH.reset(token)
 

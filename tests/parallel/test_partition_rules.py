@@ -217,3 +217,23 @@ def test_unknown_logical_axis_is_named():
     mesh = make_mesh(data=2, fsdp=2, tensor=2)
     with use_mesh(mesh), pytest.raises(ValueError, match=r"unknown logical axis names \['tokens'\]"):
         constrain(jnp.ones((4, 4)), "batch", "tokens")
+
+
+def test_use_mesh_retraces_a_function_jitted_without_a_mesh():
+    mesh = make_mesh(data=2, fsdp=2, tensor=2)
+
+    @jax.jit
+    def inner(x):
+        return constrain(x * 2, "batch", "heads")
+
+    x = jnp.ones((8, 8))
+    inner(x)  # cached trace with no mesh: no constraint
+
+    def outer(x):
+        with use_mesh(mesh):
+            return inner(x) + 1
+
+    assert jax.jit(outer).lower(x).as_text().count("sharding_constraint") == 1
+    with use_mesh(mesh):
+        assert jax.jit(lambda x: inner(x) + 1).lower(x).as_text().count("sharding_constraint") == 1
+    assert jax.jit(lambda x: inner(x) + 1).lower(x).as_text().count("sharding_constraint") == 0
