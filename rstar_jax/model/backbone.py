@@ -1,0 +1,68 @@
+"""The decoder trunk: token embedding, the layer stack scanned over a leading layer axis, final RMSNorm.
+
+Layers are one `nn.scan` over `DecoderLayer`, so parameters are stacked [L, ...] and compile time does not grow
+with depth; the optional remat policy wraps the scan body for training. The output head is not here: it is a pure
+function of the hidden states (see `rstar_jax.model.lm`) so log-probs can be computed chunk by chunk.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import flax.linen as nn
+import jax
+
+from rstar_jax.model.config import ModelConfig
+from rstar_jax.model.layers import DecoderLayer, LayerCache, RMSNorm, rope_tables
+from rstar_jax.parallel import constrain
+
+_REMAT_POLICIES: dict[str, Any] = {
+    "full": None,
+    "dots_saveable": jax.checkpoint_policies.dots_saveable,
+}
+
+
+def _layer_stack(config: ModelConfig) -> type[nn.Module]:
+    """DecoderLayer scanned over `num_layers`, rematerialised per `config.remat_policy`."""
+    body: type[nn.Module] = DecoderLayer
+    if config.remat_policy != "none":
+        body = nn.remat(DecoderLayer, policy=_REMAT_POLICIES[config.remat_policy], prevent_cse=False)
+    return nn.scan(
+        body,
+        variable_axes={"params": 0},
+        split_rngs={"params": True},
+        in_axes=(nn.broadcast, nn.broadcast, nn.broadcast, 0),
+        out_axes=0,
+        length=config.num_layers,
+    )
+
+
+class Backbone(nn.Module):
+    """input ids [B, T] -> final hidden states [B, T, E] (and the updated KV cache when one is given).
+
+    `mask` [B, T, S] says which keys each query may read (S = T without a cache, max_len with one);
+    `write_index` [B, T] is where each token's key/value goes in the cache ([L, B, max_len, Hkv, D] stacked).
+    """
+
+    config: ModelConfig
+
+    def setup(self) -> None:
+        cfg = self.config
+        self.embed = nn.Embed(cfg.vocab_size, cfg.hidden_size, dtype=cfg.jnp_dtype, param_dtype=cfg.jnp_param_dtype,
+                              embedding_init=nn.initializers.normal(stddev=0.02))
+        self.layers = _layer_stack(cfg)(cfg)
+        self.final_norm = RMSNorm(cfg.rms_norm_eps, cfg.jnp_dtype, cfg.jnp_param_dtype)
+
+    def __call__(
+        self,
+        input_ids: jax.Array,
+        positions: jax.Array,
+        mask: jax.Array,
+        write_index: jax.Array | None = None,
+        cache: LayerCache | None = None,
+    ) -> tuple[jax.Array, LayerCache | None]:
+        cfg = self.config
+        x = constrain(self.embed(input_ids), "batch", "seq", "embed")
+        rope = rope_tables(positions, cfg.head_dim, cfg.rope_theta, cfg.jnp_dtype)
+        x, cache = self.layers(x, rope, mask, write_index, cache)
+        return self.final_norm(x), cache

@@ -1,0 +1,112 @@
+"""KV-cache decoding: prefill prompts, append tokens, and step one token at a time over static shapes.
+
+Layout: keys/values [L, B, max_len, Hkv, D] and `lengths` [B]. Each batch row is an independent slot stored
+compactly: the token at position p of a slot lives at cache index p, so a slot's positions are 0..length-1 whatever
+the padding of the batch that wrote it. Every call takes a token mask: rows whose mask is all zero keep their state,
+which is how a continuous-batching engine prefills one slot while others keep decoding; `prefill_slot` does the
+same for a single slot without computing the other rows. Shapes never depend on the data, so nothing recompiles.
+Writes past `max_len` are dropped: the caller must keep length + new tokens <= max_len.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from rstar_jax.model.backbone import Backbone
+from rstar_jax.model.config import DTYPES, ModelConfig
+from rstar_jax.model.lm import Params, logits_from_hidden
+
+
+class KVCache(NamedTuple):
+    """Stacked per-layer keys/values and each slot's number of cached tokens."""
+
+    keys: jax.Array  # [L, B, max_len, Hkv, D]
+    values: jax.Array  # [L, B, max_len, Hkv, D]
+    lengths: jax.Array  # [B] int32
+
+    @property
+    def max_len(self) -> int:
+        """Tokens one slot can hold."""
+        return self.keys.shape[2]
+
+
+def init_cache(config: ModelConfig, batch: int, max_len: int, dtype: Any = None) -> KVCache:
+    """An empty cache of `batch` slots of `max_len` tokens each, in `dtype` (default: the compute dtype)."""
+    if batch <= 0 or max_len <= 0:
+        raise ValueError(f"init_cache needs positive batch and max_len, got batch={batch}, max_len={max_len}")
+    dtype = DTYPES[dtype] if isinstance(dtype, str) else (dtype or config.jnp_dtype)
+    shape = (config.num_layers, batch, max_len, config.num_kv_heads, config.head_dim)
+    return KVCache(jnp.zeros(shape, dtype), jnp.zeros(shape, dtype), jnp.zeros((batch,), jnp.int32))
+
+
+@functools.partial(jax.jit, static_argnames=("config", "all_logits"), donate_argnames=("cache",))
+def extend(params: Params, config: ModelConfig, cache: KVCache, input_ids: jax.Array, attention_mask: jax.Array,
+           all_logits: bool = True) -> tuple[jax.Array, KVCache]:
+    """Append each row's real tokens (mask 1, any padding side) to its slot and return their logits.
+
+    Returns float32 logits [B, T, V] (all_logits) or those of each row's last real token [B, V]; a multi-turn
+    agent appends a tool response this way without recomputing the conversation.
+    """
+    if input_ids.ndim != 2 or attention_mask.shape != input_ids.shape:
+        raise ValueError(f"extend needs input_ids [B, T] and a mask of the same shape, got {input_ids.shape} "
+                         f"and {attention_mask.shape}")
+    if input_ids.shape[0] != cache.lengths.shape[0]:
+        raise ValueError(f"input batch {input_ids.shape[0]} differs from the cache's {cache.lengths.shape[0]} slots")
+    real = attention_mask.astype(bool)
+    offsets = jnp.cumsum(real, axis=-1, dtype=jnp.int32) - 1
+    positions = cache.lengths[:, None] + jnp.maximum(offsets, 0)
+    write_index = jnp.where(real, positions, cache.max_len)
+    key_mask = jnp.arange(cache.max_len)[None, None, :] <= positions[:, :, None]
+    hidden, (keys, values) = Backbone(config).apply(
+        {"params": params}, input_ids.astype(jnp.int32), positions, key_mask, write_index,
+        (cache.keys, cache.values))
+    new_cache = KVCache(keys, values, cache.lengths + real.sum(axis=-1, dtype=jnp.int32))
+    if not all_logits:
+        last = jnp.maximum(jnp.argmax(offsets, axis=-1), 0)
+        hidden = jnp.take_along_axis(hidden, last[:, None, None], axis=1)
+        return logits_from_hidden(params, config, hidden)[:, 0], new_cache
+    return logits_from_hidden(params, config, hidden), new_cache
+
+
+@functools.partial(jax.jit, static_argnames=("config", "all_logits"), donate_argnames=("cache",))
+def prefill(params: Params, config: ModelConfig, cache: KVCache, input_ids: jax.Array, attention_mask: jax.Array,
+            all_logits: bool = True) -> tuple[jax.Array, KVCache]:
+    """Start a new sequence in every row that has real tokens (its slot is emptied first); other rows keep state."""
+    has_tokens = attention_mask.astype(bool).any(axis=-1)
+    cache = cache._replace(lengths=jnp.where(has_tokens, 0, cache.lengths))
+    return extend(params, config, cache, input_ids, attention_mask, all_logits=all_logits)
+
+
+@functools.partial(jax.jit, static_argnames=("config",), donate_argnames=("cache",))
+def decode_step(params: Params, config: ModelConfig, cache: KVCache, token_ids: jax.Array,
+                active: jax.Array | None = None) -> tuple[jax.Array, KVCache]:
+    """Feed one token per slot ([B]); float32 next-token logits [B, V]. Inactive slots are left unchanged."""
+    if token_ids.ndim != 1:
+        raise ValueError(f"decode_step takes one token per slot, shape [B]; got {token_ids.shape}")
+    active = jnp.ones(token_ids.shape, jnp.int32) if active is None else active
+    logits, cache = extend(params, config, cache, token_ids[:, None], active[:, None], all_logits=True)
+    return logits[:, 0], cache
+
+
+@functools.partial(jax.jit, static_argnames=("config", "all_logits"), donate_argnames=("cache",))
+def prefill_slot(params: Params, config: ModelConfig, cache: KVCache, slot: jax.Array, input_ids: jax.Array,
+                 attention_mask: jax.Array, all_logits: bool = True) -> tuple[jax.Array, KVCache]:
+    """Start a new sequence of tokens [T] in one slot (a traced index: no recompile per slot), computing only it.
+
+    Returns logits [T, V] (all_logits) or the last real token's [V].
+    """
+    if input_ids.ndim != 1 or attention_mask.shape != input_ids.shape:
+        raise ValueError(f"prefill_slot takes one sequence [T] and its mask, got {input_ids.shape} and "
+                         f"{attention_mask.shape}")
+    row = KVCache(jax.lax.dynamic_slice_in_dim(cache.keys, slot, 1, axis=1),
+                  jax.lax.dynamic_slice_in_dim(cache.values, slot, 1, axis=1),
+                  jnp.zeros((1,), jnp.int32))
+    logits, row = extend(params, config, row, input_ids[None], attention_mask[None], all_logits=all_logits)
+    new_cache = KVCache(jax.lax.dynamic_update_slice_in_dim(cache.keys, row.keys, slot, axis=1),
+                        jax.lax.dynamic_update_slice_in_dim(cache.values, row.values, slot, axis=1),
+                        jax.lax.dynamic_update_slice_in_dim(cache.lengths, row.lengths, slot, axis=0))
+    return logits[0], new_cache
