@@ -1,0 +1,81 @@
+"""Rewriting an answer string into a canonical form before comparison (SPEC 3: "normalised").
+
+Only presentation is removed: display commands, spacing, units in `\\text{}`, degree and percent signs, thousands
+separators, a leading `x =`. Two answers with equal normal forms are equal; different normal forms go on to the
+math-verify and sympy checkers, which decide mathematical equivalence.
+"""
+
+from __future__ import annotations
+
+import re
+
+_DISPLAY_COMMANDS = re.compile(r"\\(?:displaystyle|textstyle|left|right|big|Big|bigg|Bigg)(?![A-Za-z])")
+_FRACTION_VARIANTS = re.compile(r"\\[dt]frac(?![A-Za-z])")
+_SPACING = re.compile(r"\\[,!;: ]|\\q?quad(?![A-Za-z])|~")
+_DEGREES = re.compile(r"\^\s*\{?\s*\\circ\s*\}?|°|\\degree(?![A-Za-z])")
+_PERCENT = re.compile(r"\\?%")
+_DOLLAR = re.compile(r"\\?\$")
+_TEXT_COMMAND = re.compile(r"\\(?:text|textbf|textit|textrm|mathrm|mbox|mathbf|operatorname)\s*\{([^{}]*)\}")
+_WHOLE_TEXT = re.compile(r"^\\(?:text|textbf|textit|textrm|mathrm|mbox)\s*\{([^{}]*)\}$")
+_NUMBER = r"-?(?:\d+(?:\.\d*)?|\.\d+)"
+_NUMBER_WITH_UNIT_WORDS = re.compile(rf"^({_NUMBER})\s+[A-Za-z]{{2,}}(?:\s+[A-Za-z]+)*$")
+_NUMBER_WITH_UNIT_TEXT = re.compile(rf"^({_NUMBER})\s*\\(?:text|mbox|mathrm)\s*\{{[^{{}}]*\}}$")
+_SINGLE_VARIABLE_EQUALS = re.compile(r"^[A-Za-z](?:_\{?\w+\}?)?\s*=\s*([^=]+)$")
+_THOUSANDS_COMMAS = re.compile(r"^(-?\d{1,3}(?:,\d{3})+)(\.\d+)?$")
+_THOUSANDS_SPACES = re.compile(r"^(-?\d{1,3}(?: \d{3})+)(\.\d+)?$")
+_DECIMAL = re.compile(r"^(-?)(\d*)\.(\d+)$")
+_SPACE_NOT_BETWEEN_LETTERS = re.compile(r"(?<![A-Za-z])\s+|\s+(?![A-Za-z])")
+
+
+def _canonical_decimal(text: str) -> str:
+    """`27.0` -> `27`, `2.50` -> `2.5`, `.5` -> `0.5`; other strings unchanged."""
+    match = _DECIMAL.match(text)
+    if match is None:
+        return text
+    sign, whole, fraction = match.groups()
+    fraction = fraction.rstrip("0")
+    whole = whole.lstrip("0") or "0"
+    if not fraction:
+        return "0" if whole == "0" else f"{sign}{whole}"
+    return f"{sign}{whole}.{fraction}"
+
+
+def _without_units(text: str) -> str:
+    """A number followed by a unit (`5 \\text{ cm}`, `12 inches`) becomes the number alone."""
+    for pattern in (_NUMBER_WITH_UNIT_TEXT, _NUMBER_WITH_UNIT_WORDS):
+        match = pattern.match(text)
+        if match:
+            return match.group(1)
+    return text
+
+
+def _without_thousands_separators(text: str) -> str:
+    """`1,000,000` and `1 000` become `1000000` and `1000`; a list such as `1,2` is left alone."""
+    text = text.replace("{,}", ",")
+    for pattern, separator in ((_THOUSANDS_COMMAS, ","), (_THOUSANDS_SPACES, " ")):
+        match = pattern.match(text)
+        if match:
+            return match.group(1).replace(separator, "") + (match.group(2) or "")
+    return text
+
+
+def normalize_answer(text: str) -> str:
+    """Canonical form of an answer (SPEC 3), used for a fast exact comparison and as the sympy checker's input."""
+    text = _DOLLAR.sub("", text).strip()
+    text = _DISPLAY_COMMANDS.sub("", text)
+    text = _FRACTION_VARIANTS.sub(r"\\frac", text)
+    text = _SPACING.sub(" ", text)
+    text = _DEGREES.sub("", text)
+    text = _PERCENT.sub("", text)
+    text = text.strip().rstrip(".").strip()
+    whole_text = _WHOLE_TEXT.match(text)
+    if whole_text:
+        text = whole_text.group(1).strip()
+    text = _without_units(text)
+    text = _TEXT_COMMAND.sub(r"\1", text).strip()
+    equation = _SINGLE_VARIABLE_EQUALS.match(text)
+    if equation:
+        text = equation.group(1).strip()
+    text = _without_thousands_separators(text)
+    text = _SPACE_NOT_BETWEEN_LETTERS.sub("", text)
+    return _canonical_decimal(text)

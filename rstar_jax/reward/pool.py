@@ -1,0 +1,205 @@
+"""A reusable pool of verifier processes with a per-item time limit (issue 4, item 1; SPEC 3 verification).
+
+math-verify and sympy can hang or exhaust memory on adversarial answers (`9^{9^{9^{9}}}`), and neither can be
+interrupted from inside Python once deep in C arithmetic. So each item runs in a worker process with an address-space
+limit; the pool hands one item at a time to each idle worker, and a worker still busy when its item's time is up is
+killed and replaced, that item counting as not equal. The trainer never blocks longer than the limit per item.
+"""
+
+from __future__ import annotations
+
+import atexit
+import dataclasses
+import math
+import multiprocessing
+import os
+import threading
+import time
+from collections import deque
+from collections.abc import Sequence
+from multiprocessing.connection import Connection, wait
+
+import gin
+
+from rstar_jax.reward import worker as worker_module
+from rstar_jax.reward.verifier import DEFAULT_MAX_ANSWER_CHARS
+
+_START_METHOD = "forkserver"  # fork is unsafe in a process running JAX's threads; spawn re-imports sympy each time
+_JOIN_TIMEOUT_S = 5.0
+
+
+@dataclasses.dataclass
+class _Worker:
+    process: multiprocessing.process.BaseProcess
+    connection: Connection
+    ready: bool = False
+    item: int | None = None
+    deadline: float = math.inf
+
+
+def _validated_pairs(responses: Sequence[str], references: Sequence[str]) -> list[tuple[str, str]]:
+    """Checks the batch's shape and types, naming the first problem found."""
+    if len(responses) != len(references):
+        raise ValueError(f"verify_batch got {len(responses)} responses but {len(references)} references")
+    for index, (response, reference) in enumerate(zip(responses, references)):
+        if not isinstance(response, str) or not isinstance(reference, str):
+            raise TypeError(
+                f"verify_batch item {index}: response and reference must be str, got "
+                f"{type(response).__name__} and {type(reference).__name__}"
+            )
+    return list(zip(responses, references))
+
+
+@gin.configurable
+class VerifierPool:
+    """Worker processes that verify (response, reference) pairs in parallel, each item under a time limit.
+
+    Create it once and reuse it (workers stay warm between batches); `close()` or a `with` block stops them.
+    """
+
+    def __init__(
+        self,
+        num_workers: int | None = None,
+        timeout_s: float = 10.0,
+        memory_limit_mb: int | None = 2048,
+        max_answer_chars: int = DEFAULT_MAX_ANSWER_CHARS,
+        start_timeout_s: float = 120.0,
+    ) -> None:
+        """`num_workers` defaults to the CPU count; `timeout_s` is the default per-item limit of `verify_batch`;
+        `memory_limit_mb` caps each worker's address space (None: no cap); longer answers than `max_answer_chars`
+        are rejected unparsed; `start_timeout_s` bounds the wait for workers to start."""
+        self.num_workers = num_workers or os.cpu_count() or 1
+        if self.num_workers < 1:
+            raise ValueError(f"VerifierPool needs at least one worker, got num_workers={num_workers}")
+        if timeout_s <= 0:
+            raise ValueError(f"VerifierPool timeout_s must be positive, got {timeout_s}")
+        self.timeout_s = timeout_s
+        self._memory_limit_bytes = memory_limit_mb * 2**20 if memory_limit_mb else None
+        self._max_answer_chars = max_answer_chars
+        self._start_timeout_s = start_timeout_s
+        self._context = multiprocessing.get_context(_START_METHOD)
+        self._context.set_forkserver_preload([worker_module.__name__])
+        self._lock = threading.Lock()
+        self._workers: list[_Worker] = []
+        self.workers_replaced = 0
+        self._closed = False
+        for _ in range(self.num_workers):
+            self._workers.append(self._start_worker())
+
+    def _start_worker(self) -> _Worker:
+        parent_end, child_end = self._context.Pipe(duplex=True)
+        process = self._context.Process(
+            target=worker_module.run_worker, args=(child_end, self._memory_limit_bytes, self._max_answer_chars), daemon=True
+        )
+        process.start()
+        child_end.close()
+        return _Worker(process=process, connection=parent_end)
+
+    def _replace(self, worker: _Worker) -> None:
+        """Kills `worker` (hung, crashed or out of memory) and puts a fresh one in its slot."""
+        worker.process.kill()
+        worker.process.join(_JOIN_TIMEOUT_S)
+        worker.connection.close()
+        self._workers[self._workers.index(worker)] = self._start_worker()
+        self.workers_replaced += 1
+
+    def verify(self, response: str, reference: str) -> bool:
+        """One pair through the pool, under the default time limit."""
+        return self.verify_batch([response], [reference])[0]
+
+    def verify_batch(
+        self, responses: Sequence[str], references: Sequence[str], timeout_s: float | None = None
+    ) -> list[bool]:
+        """SPEC 3 rewards for a batch: item i is whether `responses[i]`'s final answer equals `references[i]`.
+
+        Each item gets at most `timeout_s` seconds (default: the pool's) of a worker's time; an item that runs
+        out, crashes its worker or exhausts its memory is False, and its worker is replaced. Thread-safe.
+        """
+        pairs = _validated_pairs(responses, references)
+        limit = self.timeout_s if timeout_s is None else timeout_s
+        if limit <= 0:
+            raise ValueError(f"verify_batch timeout_s must be positive, got {timeout_s}")
+        with self._lock:
+            if self._closed:
+                raise RuntimeError("verify_batch on a closed VerifierPool")
+            return self._run(pairs, limit)
+
+    def _run(self, pairs: list[tuple[str, str]], limit: float) -> list[bool]:
+        results = [False] * len(pairs)
+        pending = deque(range(len(pairs)))
+        last_progress = time.monotonic()
+        while pending or any(w.item is not None for w in self._workers):
+            for worker in self._workers:
+                if pending and worker.ready and worker.item is None:
+                    worker.item = pending.popleft()
+                    worker.deadline = time.monotonic() + limit
+                    worker.connection.send((worker.item, *pairs[worker.item]))
+            now = time.monotonic()
+            next_deadline = min((w.deadline for w in self._workers if w.item is not None), default=math.inf)
+            if not any(w.ready for w in self._workers) and now - last_progress > self._start_timeout_s:
+                raise RuntimeError(f"no verifier worker became ready within {self._start_timeout_s} s")
+            wait_s = min(max(0.0, next_deadline - now), self._start_timeout_s)
+            for connection in wait([w.connection for w in self._workers], timeout=wait_s):
+                worker = next(w for w in self._workers if w.connection is connection)
+                try:
+                    message = connection.recv()
+                except (EOFError, OSError):  # the worker died (segfault, killed by the OS)
+                    if not worker.ready:
+                        worker.process.join(_JOIN_TIMEOUT_S)
+                        raise RuntimeError(
+                            f"a verifier worker exited while starting (exit code {worker.process.exitcode}); "
+                            "a script that creates a VerifierPool must guard its entry point with "
+                            "`if __name__ == '__main__':` (workers re-import the main module)"
+                        ) from None
+                    self._replace(worker)
+                    continue
+                last_progress = time.monotonic()
+                if message == worker_module.READY:
+                    worker.ready = True
+                else:
+                    index, equal = message
+                    results[index] = equal
+                    worker.item, worker.deadline = None, math.inf
+            now = time.monotonic()
+            for worker in [w for w in self._workers if w.item is not None and w.deadline <= now]:
+                self._replace(worker)  # its item stays False
+        return results
+
+    def close(self) -> None:
+        """Stops every worker (they exit when their pipe closes; stragglers are killed)."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            for worker in self._workers:
+                worker.connection.close()
+            for worker in self._workers:
+                worker.process.join(_JOIN_TIMEOUT_S)
+                if worker.process.is_alive():
+                    worker.process.kill()
+                    worker.process.join(_JOIN_TIMEOUT_S)
+
+    def __enter__(self) -> VerifierPool:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+
+_shared_pool: VerifierPool | None = None
+_shared_pool_lock = threading.Lock()
+
+
+def shared_pool() -> VerifierPool:
+    """The process-wide pool behind `verify_batch`, created on first use with its gin configuration."""
+    global _shared_pool
+    with _shared_pool_lock:
+        if _shared_pool is None:
+            _shared_pool = VerifierPool()
+            atexit.register(_shared_pool.close)
+        return _shared_pool
+
+
+def verify_batch(responses: Sequence[str], references: Sequence[str], timeout_s: float | None = None) -> list[bool]:
+    """Batched SPEC 3 rewards through the shared `VerifierPool` (see `VerifierPool.verify_batch`)."""
+    return shared_pool().verify_batch(responses, references, timeout_s=timeout_s)

@@ -1,0 +1,59 @@
+"""Deciding whether a response's final answer equals the reference (SPEC 3), in-process.
+
+`verify` is for trusted, small input (tests, a REPL); the trainer goes through `VerifierPool.verify_batch`, which
+runs this same function in worker processes under a time and memory limit.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol
+
+from rstar_jax.reward.exact_numbers import exact_numbers_equal
+from rstar_jax.reward.extraction import extract_final_answer
+from rstar_jax.reward.math_verify_check import math_verify_equal
+from rstar_jax.reward.normalization import normalize_answer
+from rstar_jax.reward.sympy_check import sympy_equal
+
+
+class Verifier(Protocol):
+    """The reward boundary of DESIGN.md: (response, reference) -> bool, one at a time or as a batch."""
+
+    def verify(self, response: str, reference: str) -> bool:
+        """Whether the final answer of `response` equals `reference`."""
+        ...
+
+    def verify_batch(
+        self, responses: Sequence[str], references: Sequence[str], timeout_s: float | None = None
+    ) -> list[bool]:
+        """`verify` over pairs, each bounded by `timeout_s` seconds (False when it runs out)."""
+        ...
+
+
+DEFAULT_MAX_ANSWER_CHARS = 1000
+
+
+def answers_equivalent(answer: str, reference: str, max_answer_chars: int = DEFAULT_MAX_ANSWER_CHARS) -> bool:
+    """Whether an extracted answer equals a reference (SPEC 3): equal normal forms, equal exact numbers, or else
+    math-verify or sympy accepts.
+
+    Answers longer than `max_answer_chars` are rejected without parsing (references in shared/data are at most 159
+    characters; a 100 KB blob is never a right answer and would only tie up a worker).
+    """
+    if len(answer) > max_answer_chars or len(reference) > max_answer_chars:
+        return False
+    normal_answer, normal_reference = normalize_answer(answer), normalize_answer(reference)
+    if not normal_answer or not normal_reference:
+        return False
+    if normal_answer == normal_reference:
+        return True
+    exact = exact_numbers_equal(normal_answer, normal_reference)
+    if exact is not None:
+        return exact
+    return math_verify_equal(answer, reference) or sympy_equal(normal_answer, normal_reference)
+
+
+def verify(response: str, reference: str, max_answer_chars: int = DEFAULT_MAX_ANSWER_CHARS) -> bool:
+    """Binary outcome reward of SPEC 3 for one response: its final answer (see `extract_final_answer`) vs reference."""
+    answer = extract_final_answer(response)
+    return answer is not None and answers_equivalent(answer, reference, max_answer_chars)
