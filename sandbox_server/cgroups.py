@@ -11,6 +11,8 @@ import dataclasses
 import errno
 import os
 import secrets
+import signal
+import time
 
 CGROUP_ROOT = "/sys/fs/cgroup"
 _CONTROLLERS = ("pids", "memory")
@@ -74,17 +76,6 @@ class SlotCgroups:
             _write(os.path.join(self.memory_dir, "memory.limit_in_bytes"), str(limit))
             self.memory_limit_bytes = limit
 
-    def remove(self) -> None:
-        """Delete the groups (their processes must be gone); a group still busy is left for the next sweep."""
-        for directory in (self.pids_dir, self.memory_dir):
-            try:
-                os.rmdir(directory)
-            except FileNotFoundError:
-                pass
-            except OSError as exc:
-                if exc.errno != errno.EBUSY:
-                    raise
-
 
 class CgroupTree:
     """The groups of one server: `<own cgroup>/rstar-sandbox-<pid>-<random>/slot-<i>` in each hierarchy."""
@@ -103,21 +94,36 @@ class CgroupTree:
             os.makedirs(dirs[controller], exist_ok=True)
         return SlotCgroups(pids_dir=dirs["pids"], memory_dir=dirs["memory"])
 
-    def remove(self) -> None:
-        """Remove the (empty) slot groups and the server's root groups."""
+    def remove(self, wait_s: float = 5.0) -> None:
+        """Kill whatever is left in the slot groups, then remove them and the server's root groups.
+
+        A dying zygote's namespace empties asynchronously, so removal retries until `wait_s` has passed.
+        """
+        deadline = time.monotonic() + wait_s
         for root in self.roots.values():
             if not os.path.isdir(root):
                 continue
             for entry in os.scandir(root):
                 if entry.is_dir():
-                    try:
-                        os.rmdir(entry.path)
-                    except OSError:
-                        pass
-            try:
-                os.rmdir(root)
-            except OSError:
-                pass
+                    _remove_group(entry.path, deadline)
+            _remove_group(root, deadline)
+
+
+def _remove_group(path: str, deadline: float) -> None:
+    while True:
+        with open(os.path.join(path, "cgroup.procs")) as handle:
+            for pid in handle.read().split():
+                try:
+                    os.kill(int(pid), signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+        try:
+            os.rmdir(path)
+            return
+        except OSError as exc:
+            if exc.errno != errno.EBUSY or time.monotonic() > deadline:
+                raise
+        time.sleep(0.05)
 
 
 def _write(path: str, value: str) -> None:

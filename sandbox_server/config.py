@@ -104,8 +104,8 @@ def load_config(
 ) -> SandboxConfig:
     """Parse gin files and bindings, then apply explicit (flag) overrides; errors name the bad binding."""
     try:
-        gin.parse_config_files_and_bindings(list(gin_files), list(gin_params))
-    except (ValueError, KeyError, TypeError, OSError, SyntaxError) as exc:
+        gin.parse_config_files_and_bindings(list(gin_files), list(gin_params), finalize_config=False)
+    except (ValueError, KeyError, TypeError, OSError, SyntaxError, RuntimeError) as exc:
         raise ValueError(f"invalid gin configuration ({gin_files=}, {gin_params=}): {exc}") from exc
     try:
         config = SandboxConfig()

@@ -1,0 +1,20 @@
+"""A real sandbox server for the sandbox tests, started once per session in its own PID namespace."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from sandbox_server.launcher import ServerProcess, start_server
+
+SERVER_ARGS = ("--workers", "4", "--default-timeout-s", "5", "--max-queue", "5000")
+
+
+@pytest.fixture(scope="session")
+def sandbox() -> Iterator[ServerProcess]:
+    server = start_server(SERVER_ARGS)
+    try:
+        yield server
+    finally:
+        server.stop()

@@ -1,0 +1,28 @@
+"""Small HTTP helpers the sandbox tests share (stdlib only, so they never depend on the client under test)."""
+
+from __future__ import annotations
+
+import json
+import urllib.error
+import urllib.request
+from typing import Any
+
+from sandbox_server.launcher import ServerProcess
+
+
+def post(server: ServerProcess, path: str, body: Any) -> tuple[int, dict[str, Any]]:
+    """POST JSON (or raw bytes) and return (HTTP status, decoded body), error statuses included."""
+    data = body if isinstance(body, bytes) else json.dumps(body).encode()
+    request = urllib.request.Request(server.url + path, data, {"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=120) as response:
+            return response.status, json.load(response)
+    except urllib.error.HTTPError as error:
+        return error.code, json.load(error)
+
+
+def run(server: ServerProcess, code: str, **fields: Any) -> dict[str, Any]:
+    """One /run call that must be answered with HTTP 200."""
+    status, body = post(server, "/run", {"code": code, **fields})
+    assert status == 200, body
+    return body
