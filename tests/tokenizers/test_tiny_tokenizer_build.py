@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -14,7 +15,7 @@ from rstar_jax.tokenizers.loading import TINY_TOKENIZER_DIR
 
 _SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "build_tiny_tokenizer.py"
 _SPEC = importlib.util.spec_from_file_location("build_tiny_tokenizer", _SCRIPT)
-build_tiny_tokenizer = importlib.util.module_from_spec(_SPEC)
+build_tiny_tokenizer = sys.modules[_SPEC.name] = importlib.util.module_from_spec(_SPEC)
 _SPEC.loader.exec_module(build_tiny_tokenizer)
 
 TOOL_CHAT = [
