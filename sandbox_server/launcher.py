@@ -73,7 +73,11 @@ class ServerProcess:
 
 
 def start_server(
-    args: Sequence[str] = (), port: int | None = None, log_path: str | None = None, start_timeout_s: float = 120.0
+    args: Sequence[str] = (),
+    port: int | None = None,
+    log_path: str | None = None,
+    start_timeout_s: float = 120.0,
+    extra_env: dict[str, str] | None = None,
 ) -> ServerProcess:
     """Start `python -m sandbox_server` with `args` in a fresh PID namespace; return once /health says ok."""
     unshare = shutil.which("unshare")
@@ -86,7 +90,9 @@ def start_server(
         sys.executable, "-m", "sandbox_server", "--host", "127.0.0.1", "--port", str(port), *args,
     ]  # fmt: skip
     with open(log_path, "wb") as log:
-        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, cwd=_PACKAGE_PARENT)
+        process = subprocess.Popen(
+            command, stdout=log, stderr=subprocess.STDOUT, cwd=_PACKAGE_PARENT, env={**os.environ, **(extra_env or {})}
+        )
     server = ServerProcess(process, f"http://127.0.0.1:{port}", log_path)
     deadline = time.monotonic() + start_timeout_s
     while time.monotonic() < deadline:

@@ -42,11 +42,11 @@ def classify(observation: Observation) -> tuple[str, str]:
     """Return (status, note); the note, when not empty, is appended to stderr to say why the call ended."""
     if observation.output_truncated:
         return Status.OUTPUT_TRUNCATED, "output exceeded the cap; the call was stopped and its output cut"
-    if observation.wall_timed_out:
-        return Status.TIMEOUT, "wall-clock time limit exceeded; the call was killed"
     code = exit_code_of(observation.wait_status)
     if observation.oom_killed or code == MEMORY_ERROR_EXIT_CODE:
         return Status.MEMORY_EXCEEDED, "memory limit exceeded"
+    if observation.wall_timed_out:
+        return Status.TIMEOUT, "wall-clock time limit exceeded; the call was killed"
     if code == -signal.SIGXCPU or (
         code == -signal.SIGKILL and observation.cpu_seconds_used >= observation.cpu_limit_s
     ):

@@ -6,6 +6,8 @@ from collections.abc import Iterator
 
 import pytest
 
+from sandbox_http import SERVER_SECRET
+
 from sandbox_server.launcher import ServerProcess, start_server
 
 SERVER_ARGS = ("--workers", "4", "--default-timeout-s", "5", "--max-queue", "5000")
@@ -13,7 +15,7 @@ SERVER_ARGS = ("--workers", "4", "--default-timeout-s", "5", "--max-queue", "500
 
 @pytest.fixture(scope="session")
 def sandbox() -> Iterator[ServerProcess]:
-    server = start_server(SERVER_ARGS)
+    server = start_server(SERVER_ARGS, extra_env=dict([SERVER_SECRET]))
     try:
         yield server
     finally:

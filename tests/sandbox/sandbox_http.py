@@ -9,6 +9,7 @@ from typing import Any
 
 from sandbox_server.launcher import ServerProcess
 
+SERVER_SECRET = ("RSTAR_SANDBOX_TEST_SECRET", "do-not-leak-4f1c")  # put in the server's environment by conftest
 
 def post(server: ServerProcess, path: str, body: Any) -> tuple[int, dict[str, Any]]:
     """POST JSON (or raw bytes) and return (HTTP status, decoded body), error statuses included."""
