@@ -202,8 +202,9 @@ def _family_of(d: dict[str, Any]) -> str:
 
 
 def _rope_theta(d: dict[str, Any]) -> float:
-    """RoPE base from either spelling; rejects any RoPE scaling other than the default."""
-    for key in ("rope_parameters", "rope_scaling"):
+    """RoPE base from either spelling; rejects any RoPE scaling other than the default in either field."""
+    theta = d.get("rope_theta", 10000.0)
+    for key in ("rope_scaling", "rope_parameters"):
         params = d.get(key)
         if params is None:
             continue
@@ -212,9 +213,8 @@ def _rope_theta(d: dict[str, Any]) -> float:
         kind = params.get("rope_type", params.get("type", "default"))
         if kind != "default":
             raise ValueError(f"unsupported RoPE scaling {key}.rope_type={kind!r}: only 'default' RoPE is implemented")
-        if "rope_theta" in params:
-            return params["rope_theta"]
-    return d.get("rope_theta", 10000.0)
+        theta = params.get("rope_theta", theta)
+    return theta
 
 
 def _normalise_dtype(name: Any) -> str:

@@ -33,8 +33,9 @@ def randomise_(model: torch.nn.Module, seed: int) -> None:
             param.copy_(value.to(param.dtype))
 
 
-def build_hf_model(family: str, seed: int = 0, **overrides: Any) -> torch.nn.Module:
-    """A randomised Qwen2ForCausalLM / Qwen3ForCausalLM in eval mode (float32 unless overridden)."""
+def build_hf_model(family: str, seed: int = 0, dtype: torch.dtype = torch.float32,
+                   **overrides: Any) -> torch.nn.Module:
+    """A randomised Qwen2ForCausalLM / Qwen3ForCausalLM in eval mode, drawn in float32 then cast to `dtype`."""
     config_class, model_class = {
         "qwen2": (transformers.Qwen2Config, transformers.Qwen2ForCausalLM),
         "qwen3": (transformers.Qwen3Config, transformers.Qwen3ForCausalLM),
@@ -42,7 +43,7 @@ def build_hf_model(family: str, seed: int = 0, **overrides: Any) -> torch.nn.Mod
     torch.manual_seed(seed)
     model = model_class(config_class(**{**SMALL, **overrides}))
     randomise_(model, seed)
-    return model.eval()
+    return model.to(dtype).eval()
 
 
 def hf_logits(model: torch.nn.Module, ids: np.ndarray, mask: np.ndarray | None = None,
