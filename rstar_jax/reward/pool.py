@@ -85,6 +85,7 @@ class VerifierPool:
         self._closed = False
         for _ in range(self.num_workers):
             self._workers.append(self._start_worker())
+        self._await_ready()
 
     def _start_worker(self) -> _Worker:
         parent_end, child_end = self._context.Pipe(duplex=True)
@@ -95,6 +96,33 @@ class VerifierPool:
         child_end.close()
         return _Worker(process=process, connection=parent_end)
 
+    def _await_ready(self) -> None:
+        """Blocks until every first worker has started, so start-up problems surface at construction."""
+        deadline = time.monotonic() + self._start_timeout_s
+        while not all(w.ready for w in self._workers):
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                self.close()
+                raise RuntimeError(f"verifier workers did not start within {self._start_timeout_s} s")
+            for connection in wait([w.connection for w in self._workers if not w.ready], timeout=remaining):
+                worker = next(w for w in self._workers if w.connection is connection)
+                self._receive_ready(worker)
+
+    def _receive_ready(self, worker: _Worker) -> None:
+        """Takes a starting worker's READY message, or explains why it died instead."""
+        try:
+            message = worker.connection.recv()
+        except (EOFError, OSError):
+            worker.process.join(_JOIN_TIMEOUT_S)
+            raise RuntimeError(
+                f"a verifier worker exited while starting (exit code {worker.process.exitcode}); "
+                "a script that creates a VerifierPool must guard its entry point with "
+                "`if __name__ == '__main__':` (workers re-import the main module)"
+            ) from None
+        if message != worker_module.READY:
+            raise RuntimeError(f"a starting verifier worker sent {message!r} instead of {worker_module.READY!r}")
+        worker.ready = True
+
     def _replace(self, worker: _Worker) -> None:
         """Kills `worker` (hung, crashed or out of memory) and puts a fresh one in its slot."""
         worker.process.kill()
@@ -102,6 +130,11 @@ class VerifierPool:
         worker.connection.close()
         self._workers[self._workers.index(worker)] = self._start_worker()
         self.workers_replaced += 1
+
+    @property
+    def worker_pids(self) -> list[int]:
+        """Process ids of the current workers (for monitoring their resource use and limits)."""
+        return [worker.process.pid for worker in self._workers]
 
     def verify(self, response: str, reference: str) -> bool:
         """One pair through the pool, under the default time limit."""
@@ -141,25 +174,18 @@ class VerifierPool:
             wait_s = min(max(0.0, next_deadline - now), self._start_timeout_s)
             for connection in wait([w.connection for w in self._workers], timeout=wait_s):
                 worker = next(w for w in self._workers if w.connection is connection)
+                if not worker.ready:
+                    self._receive_ready(worker)
+                    last_progress = time.monotonic()
+                    continue
                 try:
-                    message = connection.recv()
+                    index, equal = connection.recv()
                 except (EOFError, OSError):  # the worker died (segfault, killed by the OS)
-                    if not worker.ready:
-                        worker.process.join(_JOIN_TIMEOUT_S)
-                        raise RuntimeError(
-                            f"a verifier worker exited while starting (exit code {worker.process.exitcode}); "
-                            "a script that creates a VerifierPool must guard its entry point with "
-                            "`if __name__ == '__main__':` (workers re-import the main module)"
-                        ) from None
                     self._replace(worker)
                     continue
                 last_progress = time.monotonic()
-                if message == worker_module.READY:
-                    worker.ready = True
-                else:
-                    index, equal = message
-                    results[index] = equal
-                    worker.item, worker.deadline = None, math.inf
+                results[index] = equal
+                worker.item, worker.deadline = None, math.inf
             now = time.monotonic()
             for worker in [w for w in self._workers if w.item is not None and w.deadline <= now]:
                 self._replace(worker)  # its item stays False

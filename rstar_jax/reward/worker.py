@@ -38,5 +38,5 @@ def run_worker(connection: Connection, memory_limit_bytes: int | None, max_answe
             except Exception:  # noqa: BLE001 - MemoryError, RecursionError, parser errors: all mean "not verified"
                 equal = False
             connection.send((index, equal))
-    except (EOFError, BrokenPipeError):  # the pool closed its end: this worker is no longer needed
+    except (EOFError, OSError):  # the pool closed its end (broken pipe, reset): this worker is no longer needed
         return
