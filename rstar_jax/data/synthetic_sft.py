@@ -128,8 +128,7 @@ def assistant_turns(plan: SolutionPlan, outcomes: Sequence[ToolOutcome]) -> list
 
     The boxed answer is the correct program's real stdout, so the transcript never states what the tool did not say.
     """
-    if len(outcomes) != len(plan.programs):
-        raise ValueError(f"plan runs {len(plan.programs)} programs but {len(outcomes)} outcomes were given")
+    _check_outcomes(plan, outcomes)
     calls = [ToolCall(code=code) for code in plan.programs]
     turns = [AssistantTurn(f"<reason>{plan.intro}</reason>", calls[0])]
     if plan.faulty_code is not None:
@@ -151,6 +150,8 @@ def transcript_messages(plan: SolutionPlan, outcomes: Sequence[ToolOutcome]) -> 
 
 
 def _check_outcomes(plan: SolutionPlan, outcomes: Sequence[ToolOutcome]) -> None:
+    if len(outcomes) != len(plan.programs):
+        raise ValueError(f"plan runs {len(plan.programs)} programs but {len(outcomes)} outcomes were given")
     problem = plan.task.problem
     if plan.faulty_code is not None and outcomes[0].ok:
         raise SandboxMismatchError(f"{problem.id}: the faulty program ran without error: {plan.faulty_code!r}")
@@ -166,7 +167,6 @@ def build_transcript(
     plan: SolutionPlan, outcomes: Sequence[ToolOutcome], tokenizer: PreTrainedTokenizerBase
 ) -> SftTranscript:
     """Token ids and loss mask of one transcript from the tool's outcomes (pure; the ids are appended piecewise)."""
-    _check_outcomes(plan, outcomes)
     builder = TrajectoryBuilder(tokenizer, prompt_token_ids(tokenizer, plan.task.problem.question))
     turns = assistant_turns(plan, outcomes)
     for turn, outcome in zip(turns, outcomes):

@@ -1,0 +1,53 @@
+"""SFT transcripts generated against a real sandbox server (started in its own PID namespace)."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+
+import gin
+import pytest
+
+from rstar_jax.data.synthetic import synthetic_tasks
+from rstar_jax.data.synthetic_sft import sft_transcripts
+from rstar_jax.tokenizers import load_tokenizer
+from sandbox_server.client import SandboxClient
+from sandbox_server.launcher import running_server
+
+pytestmark = pytest.mark.slow
+
+
+async def _generate(url: str, tasks, tokenizer):
+    async with SandboxClient([url]) as client:
+        return await sft_transcripts(tasks, client, tokenizer, seed=4, faulty_fraction=0.5)
+
+
+def test_transcripts_carry_the_sandbox_real_outputs_and_are_deterministic() -> None:
+    tokenizer = load_tokenizer("tiny")
+    tasks = synthetic_tasks(8, seed=9, difficulty=2)
+    with gin.unlock_config():
+        gin.parse_config(["format_tool_response.show_duration = False"])  # run time is the one varying output
+    try:
+        with running_server(("--workers", "2", "--default-timeout-s", "10")) as server:
+            first = asyncio.run(_generate(server.url, tasks, tokenizer))
+            second = asyncio.run(_generate(server.url, tasks, tokenizer))
+    finally:
+        gin.clear_config()
+
+    assert first == second
+    assert sum(t.faulty_first_call for t in first) == 4
+    for transcript in first:
+        trajectory = transcript.trajectory
+        text = tokenizer.decode(list(trajectory.token_ids))
+        answer = transcript.problem.answer
+        assert text.endswith(f"<answer>\\boxed{{{answer}}}</answer><|im_end|>")
+        assert f"<tool_response>\nsucceeded, exit code 0\nstdout:\n{answer}\n</tool_response>" in text
+        responses = re.findall(r"<tool_response>\n(.*?)\n</tool_response>", text, re.DOTALL)
+        if transcript.faulty_first_call:
+            assert [c.status for c in trajectory.tool_calls] == ["error", "ok"]
+            assert re.search(r"(SyntaxError|NameError)", responses[0]), responses[0]
+            assert responses[0].startswith("failed (error), exit code 1")
+        else:
+            assert [c.status for c in trajectory.tool_calls] == ["ok"]
+        masked = [t for t, m in zip(trajectory.token_ids, trajectory.loss_mask) if m]
+        assert "<tool_response>" not in tokenizer.decode(masked)
