@@ -59,6 +59,7 @@ class SandboxService:
 
     async def handle_run(self, request: web.Request) -> web.Response:
         """POST /run {code, stdin?, timeout_s?, memory_mb?} -> ToolResult JSON."""
+        self.metrics.requests.labels(endpoint="/run").inc()
         try:
             run_request = parse_run_request(await self._read_json(request), self.limits)
         except RequestError as exc:
@@ -72,7 +73,12 @@ class SandboxService:
         return web.json_response((await future).to_json())
 
     async def handle_run_batch(self, request: web.Request) -> web.Response:
-        """POST /run_batch {requests: [...]} -> {results: [...]} in order; invalid items come back `rejected`."""
+        """POST /run_batch {requests: [...]} -> {results: [...]} in order; invalid items come back `rejected`.
+
+        A batch is refused (503) unless the queue has room for it, or is empty for one larger than the queue bound;
+        an admitted batch then waits for room item by item.
+        """
+        self.metrics.requests.labels(endpoint="/run_batch").inc()
         try:
             bodies = parse_batch_body(await self._read_json(request))
         except RequestError as exc:
@@ -87,9 +93,9 @@ class SandboxService:
                 self.metrics.count_rejected()
                 parsed.append(ToolResult.failure(Status.REJECTED, f"request {index}: {exc}"))
         runnable = sum(1 for item in parsed if not isinstance(item, ToolResult))
-        if runnable > self.pool.free_capacity():
+        if min(runnable, self.config.max_queue) > self.pool.free_capacity():
             return self._rejected(f"sandbox queue cannot take {runnable} more calls now", 503)
-        pending = [item if isinstance(item, ToolResult) else self.pool.submit(item) for item in parsed]
+        pending = [item if isinstance(item, ToolResult) else await self.pool.submit_waiting(item) for item in parsed]
         results = [item if isinstance(item, ToolResult) else await item for item in pending]
         return web.json_response({"results": [r.to_json() for r in results]})
 

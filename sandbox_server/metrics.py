@@ -23,6 +23,9 @@ class ServerMetrics:
         )
         for status in Status.SERVER:
             self.completed.labels(status=status)
+        self.requests = Counter(
+            "sandbox_http_requests", "HTTP requests received, by endpoint", ["endpoint"], registry=self.registry
+        )
         self.latency = Histogram(
             "sandbox_latency_seconds", "Queue wait plus execution time of a call", buckets=_LATENCY_BUCKETS,
             registry=self.registry,

@@ -182,6 +182,12 @@ class WorkerPool:
             raise QueueFull(f"sandbox queue is full ({self.config.max_queue} waiting calls)") from None
         return future
 
+    async def submit_waiting(self, request: RunRequest) -> asyncio.Future[ToolResult]:
+        """Queue one request, waiting for room (backpressure for batches larger than the free space)."""
+        future: asyncio.Future[ToolResult] = asyncio.get_running_loop().create_future()
+        await self.queue.put(_Job(request, future, time.monotonic()))
+        return future
+
     def free_capacity(self) -> int:
         """How many more requests the queue accepts right now."""
         return self.config.max_queue - self.queue.qsize()
