@@ -127,6 +127,16 @@ def fit_spec(spec: PartitionSpec, shape: tuple[int, ...], mesh: Mesh) -> Partiti
     return PartitionSpec(*(_divisible_prefix(axes, dim, mesh) for axes, dim in zip(spec, shape)))
 
 
+def activation_sharding(mesh: Mesh, shape: tuple[int, ...], *logical_axes: str | None) -> NamedSharding:
+    """NamedSharding of an activation (or batch input) with these logical axes, uneven splits replicated.
+
+    For jit in_shardings / out_shardings of batches and outputs, so they agree with what `constrain` asks for.
+    """
+    if len(logical_axes) != len(shape):
+        raise ValueError(f"got {len(logical_axes)} axis names {logical_axes} for an array of shape {tuple(shape)}")
+    return NamedSharding(mesh, fit_spec(logical_to_spec(logical_axes), tuple(shape), mesh))
+
+
 def constrain(x: jax.Array, *logical_axes: str | None) -> jax.Array:
     """Sharding constraint on an activation by logical axis names; identity when no mesh is active."""
     mesh = active_mesh()
@@ -134,5 +144,4 @@ def constrain(x: jax.Array, *logical_axes: str | None) -> jax.Array:
         return x
     if len(logical_axes) != x.ndim:
         raise ValueError(f"constrain got {len(logical_axes)} axis names for an array of rank {x.ndim}")
-    spec = fit_spec(logical_to_spec(logical_axes), x.shape, mesh)
-    return jax.lax.with_sharding_constraint(x, NamedSharding(mesh, spec))
+    return jax.lax.with_sharding_constraint(x, activation_sharding(mesh, x.shape, *logical_axes))

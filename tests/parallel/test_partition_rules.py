@@ -12,6 +12,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from rstar_jax.parallel import (
+    activation_sharding,
     cache_shardings,
     cache_spec,
     constrain,
@@ -237,3 +238,11 @@ def test_use_mesh_retraces_a_function_jitted_without_a_mesh():
     with use_mesh(mesh):
         assert jax.jit(lambda x: inner(x) + 1).lower(x).as_text().count("sharding_constraint") == 1
     assert jax.jit(lambda x: inner(x) + 1).lower(x).as_text().count("sharding_constraint") == 0
+
+
+def test_activation_sharding_agrees_with_constrain_and_fits_uneven_dims():
+    mesh = make_mesh(data=2, fsdp=2, tensor=2)
+    assert activation_sharding(mesh, (8, 5, 64), "batch", "seq", "vocab").spec == P(("data", "fsdp"), None, "tensor")
+    assert activation_sharding(mesh, (2, 5, 63), "batch", "seq", "vocab").spec == P(("data",), None, None)
+    with pytest.raises(ValueError, match=r"got 2 axis names"):
+        activation_sharding(mesh, (8, 5, 64), "batch", "seq")
