@@ -34,16 +34,17 @@ CHAT_TEMPLATE_PATH = Path(__file__).resolve().parents[1] / "rstar_jax" / "tokeni
 # Pre-tokenisation: single digits, words with an optional leading space, runs of punctuation, whitespace.
 _PRE_TOKEN_PATTERN = r"\p{N}| ?\p{L}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"
 _ADDED_TOKEN_SPLIT = re.compile("|".join(re.escape(token) for token in CHAT_TOOL_TOKENS))
-# Exception lines the faulty SFT programs raise, so error responses tokenise compactly too.
-_ERROR_LINES = {
-    "name": "NameError: name 'answer' is not defined",
-    "syntax": "SyntaxError: '(' was never closed",
+# Error output of the faulty SFT programs as the sandbox reports it, so error responses tokenise compactly too.
+_ERROR_OUTPUT = {
+    "name": 'Traceback (most recent call last):\n  File "<code>", line 2, in <module>\n'
+    "NameError: name 'answer' is not defined\n",
+    "syntax": '  File "<code>", line 2\nSyntaxError: \'(\' was never closed\n',
 }
 
 
 @dataclasses.dataclass(frozen=True)
 class _RepresentativeOutcome:
-    """The shape of a tool result for corpus text only: the run's known stdout or exception line."""
+    """The shape of a tool result, for corpus text only: the known stdout of a solution or error of a fault."""
 
     status: str
     stdout: str
@@ -60,9 +61,7 @@ def _outcomes(plan: SolutionPlan) -> list[_RepresentativeOutcome]:
     answer = _RepresentativeOutcome("ok", plan.task.problem.answer + "\n", "", 0, 20.0)
     if plan.faulty_code is None:
         return [answer]
-    error = _RepresentativeOutcome(
-        "error", "", f"Traceback (most recent call last):\n{_ERROR_LINES[plan.fault]}\n", 1, 20.0
-    )
+    error = _RepresentativeOutcome("error", "", _ERROR_OUTPUT[plan.fault], 1, 20.0)
     return [error, answer]
 
 
