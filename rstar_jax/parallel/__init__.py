@@ -13,6 +13,7 @@ from rstar_jax.parallel.params import (
 from rstar_jax.parallel.sharding import (
     ACTIVATION_RULES,
     CACHE_AXES,
+    CACHE_LENGTHS_AXES,
     MESH_AXES,
     PARAM_AXIS_RULES,
     PARAM_RULES,
@@ -27,6 +28,7 @@ from rstar_jax.parallel.sharding import (
 __all__ = [
     "ACTIVATION_RULES",
     "CACHE_AXES",
+    "CACHE_LENGTHS_AXES",
     "MESH_AXES",
     "PARAM_AXIS_RULES",
     "PARAM_RULES",

@@ -15,6 +15,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from rstar_jax.parallel.sharding import (
     CACHE_AXES,
+    CACHE_LENGTHS_AXES,
     PARAM_AXIS_RULES,
     PARAM_RULES,
     MeshAxes,
@@ -84,13 +85,16 @@ def shard_params(params: PyTree, mesh: Mesh) -> PyTree:
 
 
 def cache_spec(shape: tuple[int, ...], mesh: Mesh | None = None) -> PartitionSpec:
-    """PartitionSpec of a stacked k or v cache [layers, batch, max_len, kv_heads, head_dim] (CACHE_AXES)."""
-    if len(shape) != len(CACHE_AXES):
-        raise ValueError(f"a KV cache array has shape {CACHE_AXES}, got rank {len(shape)} shape {tuple(shape)}")
-    spec = logical_to_spec(CACHE_AXES, PARAM_AXIS_RULES)
+    """PartitionSpec of a KV cache array: stacked k or v [layers, batch, max_len, kv_heads, head_dim] (CACHE_AXES)
+    or the per-slot lengths [batch] (CACHE_LENGTHS_AXES); told apart by rank."""
+    axes_by_rank = {len(CACHE_AXES): CACHE_AXES, len(CACHE_LENGTHS_AXES): CACHE_LENGTHS_AXES}
+    if len(shape) not in axes_by_rank:
+        raise ValueError(f"a KV cache array has axes {CACHE_AXES} or {CACHE_LENGTHS_AXES}, "
+                         f"got rank {len(shape)} shape {tuple(shape)}")
+    spec = logical_to_spec(axes_by_rank[len(shape)], PARAM_AXIS_RULES)
     return spec if mesh is None else fit_spec(spec, tuple(shape), mesh)
 
 
 def cache_shardings(cache: PyTree, mesh: Mesh) -> PyTree:
-    """NamedSharding of every stacked k / v array of a KV cache pytree (e.g. the model's (keys, values))."""
+    """NamedSharding of every array of a KV cache pytree (the model's KVCache: keys, values, lengths)."""
     return jax.tree_util.tree_map(lambda leaf: NamedSharding(mesh, cache_spec(tuple(leaf.shape), mesh)), cache)
