@@ -16,24 +16,17 @@ from pathlib import Path
 from tokenizers import AddedToken
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
+from rstar_jax.data.registry import DATA_DIR_ENV, shared_data_dir
 from rstar_jax.tokenizers.special_tokens import CONTROL_TOKENS, TOOL_TOKENS
 
-DATA_DIR_ENV = "RSTAR_DATA_DIR"
 TINY_TOKENIZER_DIR = Path(__file__).resolve().parent / "tiny"
-_REPO_ROOT = Path(__file__).resolve().parents[2]
-
-
-def data_root() -> Path:
-    """The shared data folder: $RSTAR_DATA_DIR if set, else the repository root's ../shared/data."""
-    override = os.environ.get(DATA_DIR_ENV)
-    return Path(override) if override else _REPO_ROOT.parent / "shared" / "data"
 
 
 def resolve_tokenizer_path(name_or_path: str | os.PathLike[str]) -> Path:
-    """Folder of a named tokenizer ("qwen2.5", "tiny") or of a given path; errors name what is missing."""
+    """Folder of a named tokenizer ("qwen2.5" in the shared data dir, "tiny") or of a given path."""
     name = os.fspath(name_or_path)
     if name == "qwen2.5":
-        path = data_root() / "tokenizers" / "qwen2.5"
+        path = shared_data_dir() / "tokenizers" / "qwen2.5"
     elif name == "tiny":
         path = TINY_TOKENIZER_DIR
     else:

@@ -7,7 +7,8 @@ import os
 import pytest
 from transformers import AutoTokenizer
 
-from rstar_jax.tokenizers import CHAT_TOOL_TOKENS, data_root, load_tokenizer, resolve_tokenizer_path
+from rstar_jax.data.registry import shared_data_dir
+from rstar_jax.tokenizers import CHAT_TOOL_TOKENS, load_tokenizer, resolve_tokenizer_path
 from rstar_jax.tokenizers.loading import TINY_TOKENIZER_DIR
 
 NAMES = ("tiny", "qwen2.5")
@@ -75,14 +76,14 @@ def test_tiny_tokenizer_is_small_and_loads_with_auto_tokenizer_offline() -> None
 
 def test_loads_are_cached_per_path() -> None:
     assert load_tokenizer("tiny") is load_tokenizer(TINY_TOKENIZER_DIR)
-    assert load_tokenizer("qwen2.5") is load_tokenizer(data_root() / "tokenizers" / "qwen2.5")
+    assert load_tokenizer("qwen2.5") is load_tokenizer(shared_data_dir() / "tokenizers" / "qwen2.5")
 
 
-def test_data_root_follows_the_environment_override(tmp_path, monkeypatch) -> None:
+def test_shared_data_dir_follows_the_environment_override(tmp_path, monkeypatch) -> None:
     (tmp_path / "tokenizers").mkdir()
-    (tmp_path / "tokenizers" / "qwen2.5").symlink_to(data_root() / "tokenizers" / "qwen2.5")
+    (tmp_path / "tokenizers" / "qwen2.5").symlink_to(shared_data_dir() / "tokenizers" / "qwen2.5")
     monkeypatch.setenv("RSTAR_DATA_DIR", str(tmp_path))
-    assert data_root() == tmp_path
+    assert shared_data_dir() == tmp_path
     assert resolve_tokenizer_path("qwen2.5") == (tmp_path / "tokenizers" / "qwen2.5").resolve()
 
 
