@@ -16,8 +16,17 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from rstar_jax.model.config import ModelConfig
+from rstar_jax.model.kv_cache import decode_step, init_cache, prefill
 from rstar_jax.model.lm import forward, init_params
-from rstar_jax.parallel import activation_sharding, make_mesh, param_shardings, param_specs, shard_params, use_mesh
+from rstar_jax.parallel import (
+    activation_sharding,
+    cache_shardings,
+    make_mesh,
+    param_shardings,
+    param_specs,
+    shard_params,
+    use_mesh,
+)
 
 BATCH, LENGTH = 8, 12
 TOLERANCE = 1e-5
@@ -160,3 +169,42 @@ def test_odd_config_falls_back_to_replication_and_still_matches():
     assert shard_params(reference(ODD)[0], mesh)["layers"]["attn"]["q_proj"]["kernel"].addressable_shards[
         0].data.shape == (2, 30, 15)
     assert_sharded_step_matches_reference(ODD, mesh)
+
+
+def prefill_then_decode(params, config, cache, ids, mask, next_tokens):
+    """Prefill a padded batch into the cache, then decode one token per slot: both logits and the final cache."""
+    prompt_logits, cache = prefill(params, config, cache, ids, mask)
+    step_logits, cache = decode_step(params, config, cache, next_tokens)
+    return prompt_logits, step_logits, cache
+
+
+@pytest.mark.slow
+def test_sharded_kv_cache_prefill_and_decode_equal_single_device():
+    config, mesh, max_len = QWEN3, make_mesh(data=2, fsdp=2, tensor=2), 16
+    params, (ids, _, mask), _ = reference(config)
+    next_tokens = ids[:, 0]
+    expected = jax.jit(prefill_then_decode, static_argnums=1)(
+        params, config, init_cache(config, BATCH, max_len), ids, mask, next_tokens)
+
+    cache = init_cache(config, BATCH, max_len)
+    cache_placement = cache_shardings(cache, mesh)
+    batch_sharding = activation_sharding(mesh, (BATCH, LENGTH), "batch", "seq")
+    vocab = config.vocab_size
+
+    def under_mesh(*args):
+        with use_mesh(mesh):
+            return prefill_then_decode(args[0], config, *args[1:])
+
+    step = jax.jit(
+        under_mesh,
+        in_shardings=(param_shardings(params, mesh), cache_placement, batch_sharding, batch_sharding,
+                      activation_sharding(mesh, (BATCH,), "batch")),
+        out_shardings=(activation_sharding(mesh, (BATCH, LENGTH, vocab), "batch", "seq", "vocab"),
+                       activation_sharding(mesh, (BATCH, vocab), "batch", "vocab"), cache_placement),
+    )
+    prompt_logits, step_logits, new_cache = step(shard_params(params, mesh), jax.device_put(cache, cache_placement),
+                                                 ids, mask, next_tokens)
+    assert new_cache.keys.sharding.spec == P(None, ("data", "fsdp"), None, "tensor", None)
+    assert new_cache.keys.addressable_shards[0].data.shape == (2, 2, max_len, 1, 16)
+    for actual, reference_value in zip((prompt_logits, step_logits, *new_cache), (*expected[:2], *expected[2])):
+        np.testing.assert_allclose(np.asarray(actual), np.asarray(reference_value), atol=TOLERANCE, rtol=TOLERANCE)
