@@ -14,6 +14,7 @@ import sys
 
 from sandbox_server.config import SandboxConfig, load_config
 from sandbox_server.http_app import SandboxService, serve
+from sandbox_server.pool import ZygoteStartError
 from sandbox_server.preflight import isolation_problems
 
 log = logging.getLogger("sandbox_server")
@@ -58,7 +59,11 @@ def main(argv: list[str] | None = None) -> int:
         return 3
     if problems:
         log.warning("running UNISOLATED: %s", "; ".join(problems))
-    return asyncio.run(_run(config, not problems, args.host, args.port))
+    try:
+        return asyncio.run(_run(config, not problems, args.host, args.port))
+    except ZygoteStartError as exc:
+        print(f"sandbox_server: a worker failed to start: {exc}", file=sys.stderr)
+        return 4
 
 
 async def _run(config: SandboxConfig, isolate: bool, host: str, port: int) -> int:

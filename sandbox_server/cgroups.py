@@ -9,10 +9,13 @@ from __future__ import annotations
 
 import dataclasses
 import errno
+import logging
 import os
 import secrets
 import signal
 import time
+
+log = logging.getLogger(__name__)
 
 CGROUP_ROOT = "/sys/fs/cgroup"
 _CONTROLLERS = ("pids", "memory")
@@ -73,7 +76,11 @@ class SlotCgroups:
         """Let the next call use `memory_mb` MiB, summed over all its processes, beyond the zygote's baseline."""
         limit = self.baseline_bytes + memory_mb * 1024 * 1024
         if limit != self.memory_limit_bytes:
-            _write(os.path.join(self.memory_dir, "memory.limit_in_bytes"), str(limit))
+            try:
+                _write(os.path.join(self.memory_dir, "memory.limit_in_bytes"), str(limit))
+            except OSError as exc:  # EBUSY: usage above the new limit could not be reclaimed
+                log.warning("slot memory limit stays at %d bytes (wanted %d): %s", self.memory_limit_bytes, limit, exc)
+                return
             self.memory_limit_bytes = limit
 
 

@@ -69,7 +69,11 @@ class Slot:
         self.process: subprocess.Popen[bytes] | None = None
         self.reader: asyncio.StreamReader | None = None
         self.writer: asyncio.StreamWriter | None = None
-        self.workdir = tempfile.mkdtemp(prefix=f"sandbox-slot{index}-") if cgroups is None else "/tmp"
+        self.workdir = "/tmp"  # private to the slot's mount namespace
+        if cgroups is None:  # unisolated: a host directory of its own, owned by the uid calls run as
+            self.workdir = tempfile.mkdtemp(prefix=f"sandbox-slot{index}-")
+            if os.geteuid() == 0:
+                os.chown(self.workdir, config.uid_base + index, config.uid_base + index)
 
     async def start(self) -> None:
         """Spawn the zygote and wait until it has isolated itself and warmed up."""

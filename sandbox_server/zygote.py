@@ -17,6 +17,7 @@ import io
 import json
 import math
 import os
+import random
 import select
 import signal
 import socket
@@ -76,8 +77,6 @@ def _read_oom_kills(memory_cgroup: str | None) -> int:
 
 def _reseed_random_state() -> None:
     """Forked children inherit the zygote's PRNG state; give each call fresh entropy."""
-    import random
-
     random.seed()
     if "numpy" in sys.modules:
         sys.modules["numpy"].random.seed()
@@ -303,7 +302,7 @@ def _launch_and_wait(settings: ZygoteSettings, channel: socket.socket) -> NoRetu
         _start_serving(settings, channel)
     channel.close()
     _, status = os.waitpid(child, 0)
-    os._exit(outcome.exit_code_of(status) or 0)
+    os._exit(0 if status == 0 else 1)
 
 
 def _start_serving(settings: ZygoteSettings, channel: socket.socket) -> NoReturn:

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import os
 import signal
+from pathlib import Path
 
 import gin
 import pytest
 
 from sandbox_server.api import RequestError, RunRequest, Status, ToolResult, parse_batch_body, parse_run_request
+from sandbox_server.client import SandboxClient
 from sandbox_server.config import SandboxConfig, load_config
 from sandbox_server.outcome import Observation, classify, exit_code_of
 from sandbox_server.snippet import MEMORY_ERROR_EXIT_CODE, run_snippet
@@ -125,3 +127,20 @@ def test_config_validation_and_gin(tmp_path, clean_gin):
         load_config([], ["SandboxConfig.no_such_knob = 1"])
     with pytest.raises(ValueError, match="unknown SandboxConfig override"):
         load_config([], [], {"no_such_knob": 1})
+
+
+def test_shipped_gin_files_parse(clean_gin):
+    root = Path(__file__).resolve().parents[2] / "gin" / "sandbox"
+    config = load_config([str(root / "server.gin")])
+    assert config.workers == 4 and "sympy" in config.preload_modules
+    gin.clear_config()
+    gin.parse_config_file(str(root / "client.gin"))
+    client = SandboxClient()
+    assert client.urls == ["http://127.0.0.1:8080"] and client.batch_size == 64
+
+
+def test_client_rejects_bad_settings():
+    with pytest.raises(ValueError, match="non-empty sequence of server URLs"):
+        SandboxClient("http://127.0.0.1:1")
+    with pytest.raises(ValueError, match="batch_size=0"):
+        SandboxClient(batch_size=0)
