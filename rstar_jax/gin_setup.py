@@ -1,0 +1,48 @@
+"""Gin configuration for every entry point (DESIGN: "Everything is a gin parameter").
+
+One parser so that every command treats a bad binding the same way (a `GinConfigError` naming it, before any
+work starts) and every run can write its operative config beside its outputs.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Sequence
+
+import gin
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+GIN_DIR = REPO_ROOT / "gin"
+
+
+class GinConfigError(ValueError):
+    """A gin file or binding that does not parse or names something unknown."""
+
+
+def parse_gin(gin_files: Sequence[str] = (), gin_params: Sequence[str] = ()) -> None:
+    """Parse gin files (paths, or relative to the repo's gin/ folder) and then bindings, which win.
+
+    Raises GinConfigError with the offending file or binding in the message; gin's own errors for an unknown
+    configurable or a misspelled parameter are wrapped, not swallowed.
+    """
+    files = [_resolve(name) for name in gin_files]
+    try:
+        gin.parse_config_files_and_bindings(files, list(gin_params), finalize_config=False)
+    except (ValueError, KeyError, TypeError, SyntaxError, OSError, RuntimeError, NameError) as exc:
+        raise GinConfigError(f"invalid gin configuration (files={files}, bindings={list(gin_params)}): {exc}") from exc
+
+
+def write_operative_config(run_dir: str | Path) -> Path:
+    """Write the gin config the run actually used (every binding that was read) to RUN_DIR/operative_config.gin."""
+    path = Path(run_dir) / "operative_config.gin"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(gin.operative_config_str())
+    return path
+
+
+def _resolve(name: str) -> str:
+    """A gin file as given if it exists, else under the repo's gin/ folder; a clear error if neither."""
+    for candidate in (Path(name), GIN_DIR / name):
+        if candidate.is_file():
+            return str(candidate)
+    raise GinConfigError(f"gin file {name!r} not found (looked in the working directory and {GIN_DIR})")
