@@ -24,7 +24,14 @@ from rstar_jax.agent.prompt import TOOL_SCHEMA
 from rstar_jax.data.synthetic import synthetic_tasks
 from rstar_jax.data.synthetic_sft import SolutionPlan, plan_solutions, transcript_messages
 from rstar_jax.tokenizers.loading import TINY_TOKENIZER_DIR
-from rstar_jax.tokenizers.special_tokens import CHAT_TOOL_TOKENS, CONTROL_TOKENS, END_OF_TEXT, IM_END, IM_START, TOOL_TOKENS
+from rstar_jax.tokenizers.special_tokens import (
+    CHAT_TOOL_TOKENS,
+    CONTROL_TOKENS,
+    END_OF_TEXT,
+    IM_END,
+    IM_START,
+    TOOL_TOKENS,
+)
 
 VOCAB_SIZE = 1024
 CORPUS_TASKS = 600

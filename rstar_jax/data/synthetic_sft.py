@@ -102,6 +102,21 @@ def _error_name(outcome: ToolOutcome) -> str:
     return "an error"
 
 
+def _check_outcomes(plan: SolutionPlan, outcomes: Sequence[ToolOutcome]) -> None:
+    """Raise SandboxMismatchError unless the faulty program failed and the solution printed the answer."""
+    if len(outcomes) != len(plan.programs):
+        raise ValueError(f"plan runs {len(plan.programs)} programs but {len(outcomes)} outcomes were given")
+    problem = plan.task.problem
+    if plan.faulty_code is not None and outcomes[0].ok:
+        raise SandboxMismatchError(f"{problem.id}: the faulty program ran without error: {plan.faulty_code!r}")
+    final = outcomes[-1]
+    if not final.ok or final.stdout.strip() != problem.answer:
+        raise SandboxMismatchError(
+            f"{problem.id}: the solution program gave status {final.status!r}, stdout {final.stdout!r:.200}, "
+            f"stderr {final.stderr!r:.200}; expected stdout {problem.answer!r}"
+        )
+
+
 @dataclass(frozen=True)
 class AssistantTurn:
     """One written assistant turn: its prose and, unless it is the last, the tool call it ends with."""
@@ -119,14 +134,15 @@ class AssistantTurn:
         if self.call is None:
             return {"role": "assistant", "content": self.content}
         arguments = {"code": self.call.code, "input": self.call.stdin}
-        function = {"name": TOOL_NAME, "arguments": arguments}
-        return {"role": "assistant", "content": self.content, "tool_calls": [{"type": "function", "function": function}]}
+        call = {"type": "function", "function": {"name": TOOL_NAME, "arguments": arguments}}
+        return {"role": "assistant", "content": self.content, "tool_calls": [call]}
 
 
 def assistant_turns(plan: SolutionPlan, outcomes: Sequence[ToolOutcome]) -> list[AssistantTurn]:
     """The assistant turns given the tool's outcome for each of the plan's programs (pure).
 
-    The boxed answer is the correct program's real stdout, so the transcript never states what the tool did not say.
+    The boxed answer is the correct program's real stdout, so the transcript never states what the tool did not say;
+    outcomes that contradict the plan raise SandboxMismatchError.
     """
     _check_outcomes(plan, outcomes)
     calls = [ToolCall(code=code) for code in plan.programs]
@@ -147,20 +163,6 @@ def transcript_messages(plan: SolutionPlan, outcomes: Sequence[ToolOutcome]) -> 
         messages += [turn.message(), {"role": "tool", "content": format_tool_response(outcome)}]
     messages.append(turns[-1].message())
     return messages
-
-
-def _check_outcomes(plan: SolutionPlan, outcomes: Sequence[ToolOutcome]) -> None:
-    if len(outcomes) != len(plan.programs):
-        raise ValueError(f"plan runs {len(plan.programs)} programs but {len(outcomes)} outcomes were given")
-    problem = plan.task.problem
-    if plan.faulty_code is not None and outcomes[0].ok:
-        raise SandboxMismatchError(f"{problem.id}: the faulty program ran without error: {plan.faulty_code!r}")
-    final = outcomes[-1]
-    if not final.ok or final.stdout.strip() != problem.answer:
-        raise SandboxMismatchError(
-            f"{problem.id}: the solution program gave status {final.status!r}, stdout {final.stdout!r:.200}, "
-            f"stderr {final.stderr!r:.200}; expected stdout {problem.answer!r}"
-        )
 
 
 def build_transcript(

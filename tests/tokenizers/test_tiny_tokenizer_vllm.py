@@ -14,7 +14,10 @@ from rstar_jax.tokenizers.loading import TINY_TOKENIZER_DIR
 
 pytestmark = pytest.mark.slow
 
-TEXT = "<|im_start|>user\nCompute 48213 * 90734.<tool_call>\n{}\n</tool_call><tool_response>\n</tool_response><|im_end|>"
+TEXT = (
+    "<|im_start|>user\nCompute 48213 * 90734.<tool_call>\n{}\n</tool_call>"
+    "<tool_response>\n</tool_response><|im_end|>"
+)
 
 # Run in a child process so vLLM's import-time set-up (logging, environment) stays out of the test session.
 _VLLM_SCRIPT = """

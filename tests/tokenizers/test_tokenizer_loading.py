@@ -20,7 +20,8 @@ REPRESENTATIVE_TEXTS = (
     "<reason>The program printed 4374493942.</reason>\n<answer>\\boxed{4374493942}</answer>",
     "Traceback (most recent call last):\n  File \"<string>\", line 1\nNameError: name 'reslt' is not defined",
     "Unicode: café, ∑_{k=1}^{n} k², 数学, emoji 🙂, tabs\tand  double  spaces  ",
-    '<|im_start|>user\n<tool_response>\nsucceeded, 3 ms\nstdout:\n42\n</tool_response><|im_end|>\n<|im_start|>assistant\n',
+    "<|im_start|>user\n<tool_response>\nsucceeded, 3 ms\nstdout:\n42\n</tool_response><|im_end|>\n"
+    "<|im_start|>assistant\n",
 )
 
 
