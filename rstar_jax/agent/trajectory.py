@@ -83,6 +83,7 @@ class TrajectoryBuilder:
     _tool_calls: list[ToolCallRecord] = field(init=False, default_factory=list)
     _turns: int = field(init=False, default=0)
     _answer_tags: int = field(init=False, default=0)
+    _im_end_id: int = field(init=False)
 
     def __post_init__(self) -> None:
         if len(self.prompt_ids) == 0:
