@@ -151,9 +151,11 @@ def summarise(side: dict[str, Any], flops: StepFlops, tokens: int, peak_flops_pe
 def run_benchmark(config: ModelConfig, batch: int, seq: int, warmup: int, iters: int, matmul_size: int,
                   seed: int = 0) -> dict[str, Any]:
     """Every figure of the benchmark as one JSON-able dict."""
-    if batch <= 0 or seq < 2 or warmup < 0 or iters <= 0 or matmul_size <= 0:
-        raise ValueError(f"need batch > 0, seq >= 2, warmup >= 0, iters > 0, matmul_size > 0; got batch={batch}, "
-                         f"seq={seq}, warmup={warmup}, iters={iters}, matmul_size={matmul_size}")
+    minimums = {"batch": (batch, 1), "seq": (seq, 2), "warmup": (warmup, 0), "iters": (iters, 1),
+                "matmul_size": (matmul_size, 1)}
+    too_small = [f"{name}={value} (needs >= {least})" for name, (value, least) in minimums.items() if value < least]
+    if too_small:
+        raise ValueError(f"benchmark sizes too small: {', '.join(too_small)}")
     if seq > config.max_position_embeddings:
         raise ValueError(f"seq {seq} exceeds the model's max_position_embeddings {config.max_position_embeddings}")
     params = init_params(config, jax.random.key(seed))
