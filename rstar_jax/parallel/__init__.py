@@ -9,6 +9,7 @@ from rstar_jax.parallel.params import (
     param_shardings,
     param_specs,
     shard_params,
+    shardings_like_params,
 )
 from rstar_jax.parallel.sharding import (
     ACTIVATION_RULES,
@@ -46,5 +47,6 @@ __all__ = [
     "param_specs",
     "resolve_axis_sizes",
     "shard_params",
+    "shardings_like_params",
     "use_mesh",
 ]

@@ -84,6 +84,31 @@ def shard_params(params: PyTree, mesh: Mesh) -> PyTree:
     return jax.device_put(params, param_shardings(params, mesh))
 
 
+def shardings_like_params(tree: PyTree, params: PyTree, mesh: Mesh) -> PyTree:
+    """Shardings for a tree that mirrors the parameters somewhere inside it (optimizer state: Adam's mu / nu).
+
+    A leaf whose path ends with a parameter's path and has that parameter's shape gets the parameter's sharding,
+    so optimizer moments are split exactly like their weights; every other leaf (step counters, scalars) is
+    replicated. Lets the train step's in_shardings / out_shardings come from the same rules.
+    """
+    by_path = {
+        param_path(keypath): (tuple(leaf.shape), sharding)
+        for (keypath, leaf), sharding in zip(jax.tree_util.tree_leaves_with_path(params),
+                                             jax.tree_util.tree_leaves(param_shardings(params, mesh)))
+    }
+    replicated = NamedSharding(mesh, PartitionSpec())
+
+    def sharding_of(keypath: tuple[Any, ...], leaf: Any) -> NamedSharding:
+        parts = param_path(keypath).split("/")
+        for start in range(len(parts)):
+            shape_and_sharding = by_path.get("/".join(parts[start:]))
+            if shape_and_sharding is not None and shape_and_sharding[0] == tuple(leaf.shape):
+                return shape_and_sharding[1]
+        return replicated
+
+    return jax.tree_util.tree_map_with_path(sharding_of, tree)
+
+
 def cache_spec(shape: tuple[int, ...], mesh: Mesh | None = None) -> PartitionSpec:
     """PartitionSpec of a KV cache array: stacked k or v [layers, batch, max_len, kv_heads, head_dim] (CACHE_AXES)
     or the per-slot lengths [batch] (CACHE_LENGTHS_AXES); told apart by rank."""

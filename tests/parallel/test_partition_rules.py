@@ -7,6 +7,7 @@ The expected specs are written out by hand from the FSDP + tensor layout: the bi
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
@@ -21,6 +22,7 @@ from rstar_jax.parallel import (
     param_shardings,
     param_specs,
     shard_params,
+    shardings_like_params,
     use_mesh,
 )
 
@@ -248,3 +250,16 @@ def test_activation_sharding_agrees_with_constrain_and_fits_uneven_dims():
     assert activation_sharding(mesh, (2, 5, 63), "batch", "seq", "vocab").spec == P(("data",), None, None)
     with pytest.raises(ValueError, match=r"got 2 axis names"):
         activation_sharding(mesh, (8, 5, 64), "batch", "seq")
+
+
+def test_optimizer_state_is_split_like_its_parameters():
+    mesh = make_mesh(data=2, fsdp=2, tensor=2)
+    params = model_shaped_params()
+    state = optax.adamw(1e-3).init(params)
+    shardings = shardings_like_params(state, params, mesh)
+    adam = shardings[0]
+    assert adam.count == NamedSharding(mesh, P())
+    for moments in (adam.mu, adam.nu):
+        assert jax.tree_util.tree_map(lambda s: s.spec, moments) == EXPECTED_SPECS
+    placed = jax.device_put(state, shardings)
+    assert placed[0].mu["lm_head"]["kernel"].addressable_shards[0].data.shape == (E // 2, V // 2)
