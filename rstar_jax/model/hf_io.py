@@ -17,7 +17,6 @@ from typing import Any, Iterator
 
 import gin
 import jax
-import jax.numpy as jnp
 import numpy as np
 from safetensors import safe_open
 from safetensors.numpy import save_file
@@ -54,30 +53,27 @@ class TensorSpec:
 def tensor_specs(config: ModelConfig) -> list[TensorSpec]:
     """Every HF tensor name of this config, in checkpoint order (embeddings, layer by layer, norm, head)."""
     shapes = jax.eval_shape(init_params, config, jax.random.key(0))
-    top: list[TensorSpec] = []
-    per_layer: list[tuple[tuple[str, ...], tuple[int, ...]]] = []
-    for key_path, leaf in jax.tree_util.tree_flatten_with_path(shapes)[0]:
-        path = tuple(k.key for k in key_path)
-        if path[0] == "layers":
-            per_layer.append((path, leaf.shape[1:]))
-        else:
-            name = ".".join([_TOP_MODULES[path[0]], _LEAVES[path[-1]]])
-            top.append(TensorSpec(path, None, name, _hf_shape(path, leaf.shape)))
-    layers = [
+    leaves = [(tuple(k.key for k in key_path), leaf.shape)
+              for key_path, leaf in jax.tree_util.tree_flatten_with_path(shapes)[0]]
+    layer_specs = [
         TensorSpec(path, layer, ".".join([f"model.layers.{layer}", _LAYER_MODULES[path[1]], *path[2:-1],
-                                          _LEAVES[path[-1]]]), _hf_shape(path, shape))
-        for layer in range(config.num_layers) for path, shape in per_layer
+                                          _LEAVES[path[-1]]]), _hf_shape(path, shape[1:]))
+        for layer in range(config.num_layers) for path, shape in leaves if path[0] == "layers"
     ]
-    head = [spec for spec in top if spec.path[0] == "lm_head"]
-    return [spec for spec in top if spec.path[0] == "embed"] + layers + \
-        [spec for spec in top if spec.path[0] == "final_norm"] + head
+    top_specs = {path[0]: TensorSpec(path, None, f"{_TOP_MODULES[path[0]]}.{_LEAVES[path[-1]]}", _hf_shape(path, shape))
+                 for path, shape in leaves if path[0] != "layers"}
+    ordered_top = [top_specs[name] for name in ("final_norm", "lm_head") if name in top_specs]
+    return [top_specs["embed"], *layer_specs, *ordered_top]
 
 
-def load_hf(path: str | os.PathLike, *, dtype: str | None = None, param_dtype: str | None = None) -> CausalLM:
+def load_hf(path: str | os.PathLike, *, dtype: str | None = None, param_dtype: str | None = None,
+            shardings: Any = None) -> CausalLM:
     """Read a Hugging Face Qwen2/Qwen3 folder into a CausalLM (issue 2 item 3).
 
-    dtype / param_dtype default to the checkpoint's dtype. Errors name the unsupported architecture or feature,
-    the missing tensors, or the tensor whose shape disagrees with config.json.
+    dtype / param_dtype default to the checkpoint's dtype. `shardings` (a tree of jax Shardings shaped like the
+    parameters, e.g. from rstar_jax.parallel.param_shardings) places each tensor as it is moved off the host.
+    Errors name the unsupported architecture or feature, the missing tensors, or the tensor whose shape disagrees
+    with config.json.
     """
     folder = Path(path)
     config_path = folder / CONFIG_FILE
@@ -104,10 +100,14 @@ def load_hf(path: str | os.PathLike, *, dtype: str | None = None, param_dtype: s
                 if tuple(tensor.shape) != spec.hf_shape:
                     raise ValueError(f"tensor {spec.hf_name} in {file.name} has shape {tuple(tensor.shape)}, "
                                      f"but config.json implies {spec.hf_shape}")
-                destination = _leaf(arrays, spec.path)
                 index = spec.layer if spec.layer is not None else Ellipsis
-                destination[index] = tensor.T if spec.transposed else tensor
-    return CausalLM(config, _to_device_one_by_one(arrays))
+                _leaf(arrays, spec.path)[index] = tensor.T if spec.transposed else tensor
+    leaves, treedef = jax.tree_util.tree_flatten(arrays)
+    del arrays  # from here each host array is released as soon as its device copy exists
+    placements = [None] * len(leaves) if shardings is None else treedef.flatten_up_to(shardings)
+    for index, placement in enumerate(placements):
+        leaves[index] = jax.device_put(leaves[index], placement)
+    return CausalLM(config, jax.tree_util.tree_unflatten(treedef, leaves))
 
 
 @gin.configurable
@@ -181,15 +181,6 @@ def _tensor_locations(folder: Path) -> dict[str, Path]:
         with safe_open(single, framework="np") as reader:
             return {name: single for name in reader.keys()}
     raise FileNotFoundError(f"{folder} has neither {SINGLE_FILE} nor {INDEX_FILE} (only safetensors are supported)")
-
-
-def _to_device_one_by_one(arrays: dict) -> Params:
-    """Turn host arrays into jax arrays leaf by leaf, dropping each host copy as soon as it is converted."""
-    leaves, treedef = jax.tree_util.tree_flatten(arrays)
-    del arrays
-    for index in range(len(leaves)):
-        leaves[index] = jnp.asarray(leaves[index])
-    return jax.tree_util.tree_unflatten(treedef, leaves)
 
 
 def _hf_tensors(config: ModelConfig, params: Params) -> Iterator[tuple[str, np.ndarray]]:

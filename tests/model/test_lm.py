@@ -1,0 +1,110 @@
+"""The functional learner API: init_params' tree, token_logprobs against log_softmax(forward), remat invariance."""
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from rstar_jax.model import forward, init_params, positions_from_mask, token_logprobs
+from rstar_jax.model.config import ModelConfig
+
+CONFIG = ModelConfig(family="qwen3", vocab_size=72, hidden_size=32, intermediate_size=40, num_layers=2, num_heads=4,
+                     num_kv_heads=2, head_dim=12, qkv_bias=True, o_bias=True)
+
+
+def batch(config: ModelConfig, seed: int = 0):
+    """Left-padded ids, their positions and mask, and next-token targets."""
+    ids = jax.random.randint(jax.random.key(seed), (3, 10), 0, config.vocab_size)
+    mask = jnp.ones((3, 10), jnp.int32).at[1, :4].set(0).at[2, :1].set(0)
+    targets = jnp.roll(ids, -1, axis=1)
+    return ids, positions_from_mask(mask), mask, targets
+
+
+def test_init_params_follow_the_fixed_tree():
+    params = init_params(CONFIG, jax.random.key(0))
+    shapes = jax.tree_util.tree_map(lambda x: x.shape, params)
+    L, E, F, V, D = 2, 32, 40, 72, 12
+    assert shapes == {
+        "embed": {"embedding": (V, E)},
+        "layers": {
+            "input_norm": {"scale": (L, E)},
+            "attn": {"q_proj": {"kernel": (L, E, 4 * D), "bias": (L, 4 * D)},
+                     "k_proj": {"kernel": (L, E, 2 * D), "bias": (L, 2 * D)},
+                     "v_proj": {"kernel": (L, E, 2 * D), "bias": (L, 2 * D)},
+                     "o_proj": {"kernel": (L, 4 * D, E), "bias": (L, E)},
+                     "q_norm": {"scale": (L, D)}, "k_norm": {"scale": (L, D)}},
+            "post_attn_norm": {"scale": (L, E)},
+            "mlp": {"gate_proj": {"kernel": (L, E, F)}, "up_proj": {"kernel": (L, E, F)},
+                    "down_proj": {"kernel": (L, F, E)}},
+        },
+        "final_norm": {"scale": (E,)},
+        "lm_head": {"kernel": (E, V)},
+    }
+    assert isinstance(params, dict) and isinstance(params["layers"], dict)
+    np.testing.assert_array_equal(params["layers"]["input_norm"]["scale"], 1.0)
+    assert abs(float(jnp.std(params["layers"]["mlp"]["up_proj"]["kernel"])) - 0.02) < 0.002
+    kernels = params["layers"]["attn"]["q_proj"]["kernel"]
+    assert not np.allclose(kernels[0], kernels[1]), "each layer gets its own random draw"
+    again = init_params(CONFIG, jax.random.key(0))
+    assert jax.tree_util.tree_all(jax.tree_util.tree_map(lambda a, b: bool((a == b).all()), params, again))
+
+    tied_qwen2 = dataclasses.replace(CONFIG, family="qwen2", tie_word_embeddings=True, qkv_bias=None, o_bias=False,
+                                     qk_norm=None, head_dim=None, param_dtype="bfloat16")
+    params = init_params(tied_qwen2, jax.random.key(0))
+    assert "lm_head" not in params and "q_norm" not in params["layers"]["attn"]
+    assert "bias" in params["layers"]["attn"]["q_proj"] and "bias" not in params["layers"]["attn"]["o_proj"]
+    assert params["layers"]["attn"]["q_proj"]["kernel"].shape == (2, 32, 32)
+    assert all(leaf.dtype == jnp.bfloat16 for leaf in jax.tree_util.tree_leaves(params))
+
+
+@pytest.mark.parametrize("chunk_size", [3, 10, 64])
+def test_token_logprobs_equal_log_softmax_of_forward(chunk_size):
+    params = init_params(CONFIG, jax.random.key(1))
+    ids, positions, mask, targets = batch(CONFIG)
+    expected = jnp.take_along_axis(jax.nn.log_softmax(forward(params, CONFIG, ids, positions, mask)),
+                                   targets[..., None], axis=-1)[..., 0]
+    actual = token_logprobs(params, CONFIG, ids, positions, mask, targets, chunk_size=chunk_size)
+    assert actual.shape == (3, 10) and actual.dtype == jnp.float32
+    np.testing.assert_allclose(actual, expected, rtol=1e-5, atol=1e-5)
+
+
+def test_token_logprobs_gradient_is_invariant_to_chunking_and_remat():
+    """The RL loss's gradient: chunked + rematerialised log-probs give the forward-based gradient."""
+    params = init_params(CONFIG, jax.random.key(2))
+    ids, positions, mask, targets = batch(CONFIG, seed=1)
+    weights = mask.astype(jnp.float32)
+
+    def via_forward(p):
+        logprobs = jax.nn.log_softmax(forward(p, CONFIG, ids, positions, mask))
+        return jnp.sum(jnp.take_along_axis(logprobs, targets[..., None], axis=-1)[..., 0] * weights)
+
+    expected = jax.grad(via_forward)(params)
+    for policy in ("none", "full", "dots_saveable"):
+        config = dataclasses.replace(CONFIG, remat_policy=policy)
+        grad = jax.grad(lambda p: jnp.sum(token_logprobs(p, config, ids, positions, mask, targets, chunk_size=4)
+                                          * weights))(params)
+        for (path, g), e in zip(jax.tree_util.tree_leaves_with_path(grad), jax.tree_util.tree_leaves(expected)):
+            np.testing.assert_allclose(g, e, rtol=1e-4, atol=1e-6, err_msg=f"{policy} {jax.tree_util.keystr(path)}")
+
+
+def test_left_padding_does_not_change_a_rows_logits():
+    params = init_params(CONFIG, jax.random.key(3))
+    ids, positions, mask, _ = batch(CONFIG)
+    padded = np.asarray(forward(params, CONFIG, ids, positions, mask))
+    alone = ids[1:2, 4:]
+    unpadded = np.asarray(forward(params, CONFIG, alone, positions_from_mask(jnp.ones_like(alone)),
+                                  jnp.ones_like(alone)))
+    np.testing.assert_allclose(padded[1, 4:], unpadded[0], rtol=1e-5, atol=1e-5)
+
+
+def test_shape_errors_name_the_argument():
+    params = init_params(CONFIG, jax.random.key(0))
+    ids, positions, mask, targets = batch(CONFIG)
+    with pytest.raises(ValueError, match="attention_mask shape"):
+        forward(params, CONFIG, ids, positions, mask[:, :5])
+    with pytest.raises(ValueError, match="input_ids must be"):
+        forward(params, CONFIG, ids[0], positions[0], mask[0])
+    with pytest.raises(ValueError, match="targets shape"):
+        token_logprobs(params, CONFIG, ids, positions, mask, targets[:, :3])
