@@ -196,7 +196,8 @@ def format_table(result: dict[str, Any]) -> str:
         f"learner benchmark: {model['model_type']} V={model['vocab_size']} E={model['hidden_size']} "
         f"L={model['num_hidden_layers']} heads={model['num_attention_heads']}/{model['num_key_value_heads']} "
         f"D={model['head_dim']} F={model['intermediate_size']} ({model['param_count']:,} params), "
-        f"batch {result['batch']} x {result['seq']} tokens, median of {result['iters']} after {result['warmup']} warm-up",
+        f"batch {result['batch']} x {result['seq']} tokens, "
+        f"median of {result['iters']} after {result['warmup']} warm-up",
         f"FLOPs/step: dense 6*{flops['matmul_params']:,}*{result['tokens_per_step']} = {flops['dense'] / 1e9:.2f} G "
         f"+ attention {flops['attention'] / 1e9:.2f} G = {flops['total'] / 1e9:.2f} G",
         f"matmul peak (jnp.dot f32 {peak['size']}x{peak['size']}): {peak['flops_per_s'] / 1e9:.1f} GFLOP/s",

@@ -67,16 +67,11 @@ def param_specs(
     return jax.tree_util.tree_map_with_path(spec_of, params)
 
 
-def _named(specs: PyTree, mesh: Mesh) -> PyTree:
-    """NamedSharding on `mesh` for every PartitionSpec leaf of `specs`."""
-    return jax.tree_util.tree_map(
-        lambda spec: NamedSharding(mesh, spec), specs, is_leaf=lambda x: isinstance(x, PartitionSpec)
-    )
-
-
 def param_shardings(params: PyTree, mesh: Mesh) -> PyTree:
     """NamedSharding of every parameter on `mesh` (for jit in_shardings / out_shardings and device_put)."""
-    return _named(param_specs(params, mesh), mesh)
+    specs = param_specs(params, mesh)
+    return jax.tree_util.tree_map(lambda spec: NamedSharding(mesh, spec), specs,
+                                  is_leaf=lambda x: isinstance(x, PartitionSpec))
 
 
 def shard_params(params: PyTree, mesh: Mesh) -> PyTree:
