@@ -62,6 +62,7 @@ class StepFlops:
 
     @property
     def total(self) -> int:
+        """Dense plus attention FLOPs of the step."""
         return self.dense + self.attention
 
 
