@@ -1,0 +1,308 @@
+"""The in-process JAX generation engine: continuous batching over the Flax model's KV cache (issue 5, item 3).
+
+DESIGN: the embedded default `GenerationEngine`. A fixed number of slots share one KV cache of `max_len` tokens
+per slot. One background thread steps the model: between steps, waiting requests are prefilled into free slots
+and finished ones leave; each step feeds every running slot one token and samples the next (temperature, top-p,
+a per-request seed; `rstar_jax.rollout.sampling`). Callers `await generate(...)` from any number of asyncio tasks;
+the event loop never runs a jitted step. Prompts are padded to power-of-two buckets, so the engine compiles
+len(buckets) + 1 programs, all during warm-up, and nothing afterwards. New weights swap in between steps: every
+forward pass uses one parameter set. If the stepping thread dies, every pending and later request gets
+`EngineUnavailable` instead of hanging.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import dataclasses
+import logging
+import os
+import threading
+from typing import Any, Sequence
+
+import gin
+import jax
+import numpy as np
+
+from rstar_jax.model import ModelConfig, init_cache, load_hf
+from rstar_jax.model.lm import Params
+from rstar_jax.rollout.engine import EngineCapacity, EngineUnavailable, Generation, SamplingParams
+from rstar_jax.rollout.jax_engine_slots import Request, SlotTable
+from rstar_jax.rollout.jax_engine_steps import (bucket_for, check_buckets, decode_and_sample, power_of_two_buckets,
+                                                prefill_and_sample)
+from rstar_jax.rollout.sampling import seed_words
+
+logger = logging.getLogger(__name__)
+
+
+@gin.configurable
+class JaxEngine:
+    """Continuous-batching generation with the Flax model in this process; implements `GenerationEngine`.
+
+    slots: requests decoded together; max_len: tokens one slot holds (prompt plus sampled tokens; a longer prompt
+    is rejected with ValueError, a turn that fills its slot ends with finish_reason 'length'); prefill_buckets:
+    padded prompt lengths (default: powers of two from 16, then max_len); dtype: serving dtype of the parameters,
+    activations and KV cache (default: the config's); seed: draws the seeds of requests that give none;
+    warmup: compile every shape in the stepping thread before the first request runs.
+    """
+
+    def __init__(self, config: ModelConfig, params: Params, slots: int = 8, max_len: int = 1024,
+                 prefill_buckets: Sequence[int] | None = None, dtype: str | None = None, seed: int = 0,
+                 warmup: bool = True) -> None:
+        if slots < 1:
+            raise ValueError(f"JaxEngine needs at least one slot, got slots={slots}")
+        if max_len < 2:
+            raise ValueError(f"JaxEngine max_len must be at least 2, got {max_len}")
+        if max_len > config.max_position_embeddings:
+            raise ValueError(f"JaxEngine max_len {max_len} exceeds the model's max_position_embeddings "
+                             f"{config.max_position_embeddings}")
+        if dtype is not None:
+            config = dataclasses.replace(config, dtype=dtype, param_dtype=dtype)
+        self.config = config
+        self.slots = slots
+        self.max_len = max_len
+        self.buckets = check_buckets(prefill_buckets or power_of_two_buckets(max_len), max_len)
+        self._device = jax.local_devices()[0]
+        self._param_paths, self._param_treedef = _paths_and_treedef(params)
+        self._param_shapes = [tuple(np.shape(leaf)) for leaf in jax.tree_util.tree_leaves(params)]
+        self._params = self._prepare_params(params)
+        self._version = 0
+        self._cache = jax.device_put(init_cache(config, slots, max_len), self._device)
+        self._table = SlotTable(slots)
+        self._waiting: collections.deque[Request] = collections.deque()
+        self._seed_rng = np.random.default_rng(seed)
+        self._cond = threading.Condition()
+        self._stopping = False
+        self._failure: str | None = None
+        self._snapshot = EngineCapacity(slots * max_len, 0, 0, 0)
+        self._ready = threading.Event()
+        self._thread = threading.Thread(target=self._run, args=(warmup,), name="jax-engine-steps", daemon=True)
+        self._thread.start()
+
+    @classmethod
+    def from_hf(cls, path: str | os.PathLike, **kwargs: Any) -> "JaxEngine":
+        """An engine serving the Hugging Face folder at `path` (read by `load_hf`); kwargs as the constructor."""
+        model = load_hf(path)
+        return cls(model.config, model.params, **kwargs)
+
+    # ---- GenerationEngine -------------------------------------------------------------------------------------
+
+    async def generate(self, prompt_ids: Sequence[int], sampling: SamplingParams) -> Generation:
+        """Sample one turn continuing `prompt_ids` (GenerationEngine); EngineUnavailable once the engine is down."""
+        prompt = self._check_prompt(prompt_ids)
+        loop = asyncio.get_running_loop()
+        with self._cond:
+            self._raise_if_down()
+            seed = self._seed_rng.integers(0, 1 << 63) if sampling.seed is None else sampling.seed
+            request = Request(prompt, sampling, seed_words(seed), loop, loop.create_future())
+            self._waiting.append(request)
+            self._cond.notify()
+        try:
+            return await request.future
+        except asyncio.CancelledError:
+            self._cancel(request)
+            raise
+
+    async def capacity(self) -> EngineCapacity:
+        """KV tokens in use (sum of running sequence lengths) out of slots x max_len; running and waiting counts."""
+        with self._cond:
+            self._raise_if_down()
+            return dataclasses.replace(self._snapshot, requests_waiting=len(self._waiting))
+
+    async def update_weights(self, params: Params, version: int) -> None:
+        """Serve `params` from the next step on (GenerationEngine): copied to the device, cast to the serving dtype.
+
+        Raises ValueError if the tree or a shape differs from the engine's model. Returns once every later
+        forward pass uses the new weights; a running turn continues on them from its next token.
+        """
+        prepared = await asyncio.to_thread(self._prepare_params, params)
+        with self._cond:
+            self._raise_if_down()
+            self._params, self._version = prepared, version
+
+    # ---- control ----------------------------------------------------------------------------------------------
+
+    @property
+    def weights_version(self) -> int:
+        """The version passed with the weights now served (0 for the constructor's)."""
+        with self._cond:
+            return self._version
+
+    def wait_ready(self, timeout: float | None = None) -> None:
+        """Block until warm-up has compiled every shape; EngineUnavailable if the engine died or closed first."""
+        if not self._ready.wait(timeout):
+            raise TimeoutError(f"JaxEngine not warm after {timeout} s")
+        with self._cond:
+            self._raise_if_down()
+
+    def compiled_programs(self) -> dict[str, int]:
+        """How many shapes each jitted step has compiled in this process (all engines): bounded by the buckets."""
+        return {"prefill": prefill_and_sample._cache_size(), "decode": decode_and_sample._cache_size()}
+
+    def close(self) -> None:
+        """Stop the stepping thread; requests not yet finished get EngineUnavailable. Idempotent."""
+        with self._cond:
+            self._stopping = True
+            self._cond.notify()
+        self._thread.join()
+
+    # ---- stepping thread --------------------------------------------------------------------------------------
+
+    def _run(self, warmup: bool) -> None:
+        """The stepping loop: admit waiting requests into free slots, decode one token for every running slot."""
+        try:
+            if warmup:
+                self._warm_up()
+            self._ready.set()
+            while True:
+                admitted = self._next_admissions()
+                if admitted is None:
+                    break
+                for request in admitted:
+                    self._admit(request)
+                if self._table.running:
+                    self._decode()
+                self._publish_capacity()
+        except BaseException as exc:  # noqa: BLE001 - any failure must reach the callers, not hang them
+            logger.exception("JaxEngine stepping thread died")
+            self._shut_down(f"JaxEngine stepping thread died: {exc!r}")
+        else:
+            self._shut_down("JaxEngine is closed")
+        finally:
+            self._ready.set()
+
+    def _next_admissions(self) -> list[Request] | None:
+        """Wait for work; pop the waiting requests that free slots can take now. None when closing."""
+        with self._cond:
+            self._cond.wait_for(lambda: self._stopping or self._waiting or self._table.running)
+            if self._stopping:
+                return None
+            self._drop_cancelled_running()
+            free = self.slots - self._table.running
+            return [self._waiting.popleft() for _ in range(min(free, len(self._waiting)))]
+
+    def _drop_cancelled_running(self) -> None:
+        for slot, request in self._table.occupied():
+            if request.future.cancelled():
+                self._table.release(slot)
+
+    def _admit(self, request: Request) -> None:
+        """Prefill `request` into a free slot and record its first token; it finishes at once or starts decoding."""
+        slot = self._table.free_slot()
+        length = len(request.prompt_ids)
+        ids = np.zeros(bucket_for(length, self.buckets), np.int32)
+        ids[:length] = request.prompt_ids
+        mask = (np.arange(ids.shape[0]) < length).astype(np.int32)
+        token, logprob = self._prefill(slot, ids, mask, request.sampling.temperature, request.sampling.top_p,
+                                       request.seed)
+        finish_reason = request.record(int(token), float(logprob), self.max_len)
+        if finish_reason:
+            request.deliver(request.generation(finish_reason))
+        else:
+            self._table.occupy(slot, request, int(token))
+
+    def _decode(self) -> None:
+        """One decode step for every running slot; finished requests are delivered and leave their slots."""
+        table = self._table
+        with self._cond:
+            params = self._params
+        tokens, logprobs, self._cache = decode_and_sample(params, self.config, self._cache, table.pending_tokens,
+                                                          table.active, table.temperature, table.top_p, table.seeds)
+        tokens, logprobs = jax.device_get((tokens, logprobs))
+        for slot, request in table.occupied():
+            finish_reason = request.record(int(tokens[slot]), float(logprobs[slot]), self.max_len)
+            if finish_reason:
+                table.release(slot)
+                request.deliver(request.generation(finish_reason))
+            else:
+                table.pending_tokens[slot] = tokens[slot]
+
+    def _prefill(self, slot: int, ids: np.ndarray, mask: np.ndarray, temperature: float, top_p: float,
+                 seed: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Run the jitted prefill on host arrays of fixed dtypes (warm-up and admission share it: same programs)."""
+        with self._cond:
+            params = self._params
+        token, logprob, self._cache = prefill_and_sample(params, self.config, self._cache, np.int32(slot), ids, mask,
+                                                         np.float32(temperature), np.float32(top_p), seed)
+        return jax.device_get((token, logprob))
+
+    def _warm_up(self) -> None:
+        """Compile every prefill bucket and the decode step on empty inputs (all-padding prompts, no active slot)."""
+        seed = seed_words(0)
+        for bucket in self.buckets:
+            self._prefill(0, np.zeros(bucket, np.int32), np.zeros(bucket, np.int32), 1.0, 1.0, seed)
+        table = self._table
+        _, _, self._cache = decode_and_sample(self._params, self.config, self._cache, table.pending_tokens,
+                                              table.active, table.temperature, table.top_p, table.seeds)
+        jax.block_until_ready(self._cache)
+
+    def _publish_capacity(self) -> None:
+        with self._cond:
+            self._snapshot = EngineCapacity(self.slots * self.max_len, self._table.live_tokens(),
+                                            self._table.running, len(self._waiting))
+
+    def _shut_down(self, reason: str) -> None:
+        """Mark the engine down and fail every request it still holds (running or waiting) with `reason`."""
+        with self._cond:
+            self._failure = reason
+            pending = [request for _, request in self._table.occupied()] + list(self._waiting)
+            self._waiting.clear()
+            for slot, _ in self._table.occupied():
+                self._table.release(slot)
+        for request in pending:
+            request.deliver(EngineUnavailable(reason))
+
+    # ---- helpers ----------------------------------------------------------------------------------------------
+
+    def _raise_if_down(self) -> None:
+        """Called under the lock: EngineUnavailable once closed or dead."""
+        if self._failure is not None:
+            raise EngineUnavailable(self._failure)
+        if self._stopping:
+            raise EngineUnavailable("JaxEngine is closing")
+
+    def _cancel(self, request: Request) -> None:
+        """A caller stopped waiting: drop its request if queued; a running one leaves its slot at the next step."""
+        with self._cond:
+            if request in self._waiting:
+                self._waiting.remove(request)
+
+    def _check_prompt(self, prompt_ids: Sequence[int]) -> np.ndarray:
+        """Prompt ids as int32; ValueError for an empty prompt, ids outside the vocabulary or no room to generate."""
+        prompt = np.asarray(prompt_ids)
+        if prompt.ndim != 1 or prompt.size == 0:
+            raise ValueError(f"prompt_ids must be a non-empty sequence of token ids, got shape {prompt.shape}")
+        if not np.issubdtype(prompt.dtype, np.integer):
+            raise ValueError(f"prompt_ids must be integers, got dtype {prompt.dtype}")
+        if prompt.min() < 0 or prompt.max() >= self.config.vocab_size:
+            raise ValueError(f"prompt_ids must lie in [0, {self.config.vocab_size}), got values in "
+                             f"[{prompt.min()}, {prompt.max()}]")
+        if prompt.size >= self.max_len:
+            raise ValueError(f"a prompt of {prompt.size} tokens leaves no room in this engine's slots of "
+                             f"max_len={self.max_len} tokens (the prompt must be shorter than max_len)")
+        return prompt.astype(np.int32)
+
+    def _prepare_params(self, params: Params) -> Params:
+        """A private device copy of `params` in the serving dtype; ValueError naming a mismatched tree or shape."""
+        paths, treedef = _paths_and_treedef(params)
+        if treedef != self._param_treedef:
+            missing = sorted(set(self._param_paths) - set(paths))
+            extra = sorted(set(paths) - set(self._param_paths))
+            raise ValueError(f"parameter tree differs from the engine's model: missing {missing}, unexpected {extra}")
+        leaves = jax.tree_util.tree_leaves(params)
+        for path, leaf, shape in zip(paths, leaves, self._param_shapes):
+            if tuple(np.shape(leaf)) != shape:
+                raise ValueError(f"parameter {path} has shape {tuple(np.shape(leaf))}, the engine's model needs {shape}")
+        dtype = self.config.jnp_param_dtype
+        copies = [jax.device_put(leaf, self._device, may_alias=False) if _is_array_of(leaf, dtype)
+                  else jax.device_put(np.asarray(leaf).astype(dtype), self._device) for leaf in leaves]
+        return jax.block_until_ready(jax.tree_util.tree_unflatten(treedef, copies))
+
+
+def _paths_and_treedef(params: Params) -> tuple[list[str], Any]:
+    with_paths, treedef = jax.tree_util.tree_flatten_with_path(params)
+    return [jax.tree_util.keystr(path) for path, _ in with_paths], treedef
+
+
+def _is_array_of(leaf: Any, dtype: Any) -> bool:
+    return isinstance(leaf, jax.Array) and leaf.dtype == dtype

@@ -1,0 +1,82 @@
+"""The JAX engine's device work: the two jitted steps and the prompt-length buckets that bound their shapes.
+
+`prefill_and_sample` starts one request in one slot (the slot is a traced index) from its prompt padded to a
+bucket length; `decode_and_sample` feeds every slot its pending token and samples the next. Their shapes depend
+only on (slots, max_len, bucket), so an engine compiles len(buckets) + 1 programs and nothing once warm
+(DESIGN "Functional learner": shapes are bucketed so a step compiles a bounded number of times).
+"""
+
+from __future__ import annotations
+
+import bisect
+import functools
+from typing import Sequence
+
+import jax
+import jax.numpy as jnp
+
+from rstar_jax.model import KVCache, ModelConfig, decode_step, prefill_slot
+from rstar_jax.model.lm import Params
+from rstar_jax.rollout.sampling import sample_tokens
+
+SMALLEST_BUCKET = 16
+
+
+def power_of_two_buckets(max_len: int, smallest: int = SMALLEST_BUCKET) -> tuple[int, ...]:
+    """Powers of two from `smallest` below max_len, then max_len itself: every admissible prompt fits one."""
+    if max_len < 2:
+        raise ValueError(f"max_len must be at least 2 (a prompt token and a new one), got {max_len}")
+    if smallest < 1:
+        raise ValueError(f"the smallest prefill bucket must be positive, got {smallest}")
+    buckets = []
+    size = smallest
+    while size < max_len:
+        buckets.append(size)
+        size *= 2
+    return (*buckets, max_len)
+
+
+def check_buckets(buckets: Sequence[int], max_len: int) -> tuple[int, ...]:
+    """Sorted, de-duplicated buckets; an error unless they are in [1, max_len] and the largest holds max_len - 1."""
+    result = tuple(sorted({int(b) for b in buckets}))
+    if not result or result[0] < 1 or result[-1] > max_len:
+        raise ValueError(f"prefill buckets must be non-empty and within [1, max_len={max_len}], got {tuple(buckets)}")
+    if result[-1] < max_len - 1:
+        raise ValueError(f"the largest prefill bucket {result[-1]} cannot hold the longest admissible prompt "
+                         f"({max_len - 1} tokens for max_len={max_len})")
+    return result
+
+
+def bucket_for(length: int, buckets: Sequence[int]) -> int:
+    """The smallest bucket holding `length` tokens (buckets sorted); an error if none does."""
+    index = bisect.bisect_left(buckets, length)
+    if index == len(buckets):
+        raise ValueError(f"a prompt of {length} tokens exceeds the largest prefill bucket {buckets[-1]}")
+    return buckets[index]
+
+
+@functools.partial(jax.jit, static_argnames=("config",), donate_argnames=("cache",))
+def prefill_and_sample(params: Params, config: ModelConfig, cache: KVCache, slot: jax.Array, prompt_ids: jax.Array,
+                       prompt_mask: jax.Array, temperature: jax.Array, top_p: jax.Array,
+                       seed: jax.Array) -> tuple[jax.Array, jax.Array, KVCache]:
+    """Empty `slot`, cache the prompt (ids [T] right-padded, mask [T]) and sample the first new token.
+
+    Returns (token, its temperature-1 log-prob, the cache); the token is not cached yet (the next decode feeds it).
+    """
+    logits, cache = prefill_slot(params, config, cache, slot, prompt_ids, prompt_mask, all_logits=False)
+    position = jnp.sum(prompt_mask, dtype=jnp.int32)
+    tokens, logprobs = sample_tokens(logits[None], temperature[None], top_p[None], seed[None], position[None])
+    return tokens[0], logprobs[0], cache
+
+
+@functools.partial(jax.jit, static_argnames=("config",), donate_argnames=("cache",))
+def decode_and_sample(params: Params, config: ModelConfig, cache: KVCache, token_ids: jax.Array, active: jax.Array,
+                      temperature: jax.Array, top_p: jax.Array,
+                      seeds: jax.Array) -> tuple[jax.Array, jax.Array, KVCache]:
+    """Cache each active slot's pending token ([B]) and sample its next one; inactive slots are left unchanged.
+
+    Returns (tokens [B], their temperature-1 log-probs [B], the cache); rows of inactive slots are junk.
+    """
+    logits, cache = decode_step(params, config, cache, token_ids, active)
+    tokens, logprobs = sample_tokens(logits, temperature, top_p, seeds, cache.lengths)
+    return tokens, logprobs, cache
