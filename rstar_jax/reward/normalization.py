@@ -11,7 +11,8 @@ import re
 
 _DISPLAY_COMMANDS = re.compile(r"\\(?:displaystyle|textstyle|left|right|big|Big|bigg|Bigg)(?![A-Za-z])")
 _FRACTION_VARIANTS = re.compile(r"\\[dt]frac(?![A-Za-z])")
-_SPACING = re.compile(r"\\[,!;: ]|\\q?quad(?![A-Za-z])|~")
+_THIN_SPACING = re.compile(r"\\[,!]")
+_SPACING = re.compile(r"\\[;: ]|\\q?quad(?![A-Za-z])|~")
 _DEGREES = re.compile(r"\^\s*\{?\s*\\circ\s*\}?|°|\\degree(?![A-Za-z])")
 _PERCENT = re.compile(r"\\?%")
 _DOLLAR = re.compile(r"\\?\$")
@@ -19,9 +20,9 @@ _TEXT_COMMAND = re.compile(r"\\(?:text|textbf|textit|textrm|mathrm|mbox|mathbf|o
 _WHOLE_TEXT = re.compile(r"^\\(?:text|textbf|textit|textrm|mathrm|mbox)\s*\{([^{}]*)\}$")
 _NUMBER = r"-?(?:\d+(?:\.\d*)?|\.\d+)"
 _NUMBER_WITH_UNIT_WORDS = re.compile(rf"^({_NUMBER})\s+[A-Za-z]{{2,}}(?:\s+[A-Za-z]+)*$")
-_NUMBER_WITH_UNIT_TEXT = re.compile(rf"^({_NUMBER})\s*\\(?:text|mbox|mathrm)\s*\{{[^{{}}]*\}}$")
+_TRAILING_UNIT_TEXT = re.compile(r"^(.+?)\s*\\(?:text|mbox|mathrm)\s*\{\s*[A-Za-z][A-Za-z ]*\}(?:\^\{?\d\}?)?$")
 _SINGLE_VARIABLE_EQUALS = re.compile(r"^[A-Za-z](?:_\{?\w+\}?)?\s*=\s*([^=]+)$")
-_THOUSANDS_COMMAS = re.compile(r"^(-?\d{1,3}(?:,\d{3})+)(\.\d+)?$")
+_THOUSANDS_COMMAS = re.compile(r"^(-?\d{1,3}(?:, ?\d{3})+)(\.\d+)?$")
 _THOUSANDS_SPACES = re.compile(r"^(-?\d{1,3}(?: \d{3})+)(\.\d+)?$")
 _DECIMAL = re.compile(r"^(-?)(\d*)\.(\d+)$")
 _SPACE_NOT_BETWEEN_LETTERS = re.compile(r"(?<![A-Za-z])\s+|\s+(?![A-Za-z])")
@@ -41,8 +42,9 @@ def _canonical_decimal(text: str) -> str:
 
 
 def _without_units(text: str) -> str:
-    """A number followed by a unit (`5 \\text{ cm}`, `12 inches`) becomes the number alone."""
-    for pattern in (_NUMBER_WITH_UNIT_TEXT, _NUMBER_WITH_UNIT_WORDS):
+    """A value followed by a unit (`5 \\text{ cm}`, `\\frac{270}7\\text{ degrees}`, `864 \\mbox{ inches}^2`,
+    `12 inches`) becomes the value alone."""
+    for pattern in (_TRAILING_UNIT_TEXT, _NUMBER_WITH_UNIT_WORDS):
         match = pattern.match(text)
         if match:
             return match.group(1)
@@ -55,7 +57,7 @@ def _without_thousands_separators(text: str) -> str:
     for pattern, separator in ((_THOUSANDS_COMMAS, ","), (_THOUSANDS_SPACES, " ")):
         match = pattern.match(text)
         if match:
-            return match.group(1).replace(separator, "") + (match.group(2) or "")
+            return match.group(1).replace(separator, "").replace(" ", "") + (match.group(2) or "")
     return text
 
 
@@ -64,6 +66,7 @@ def normalize_answer(text: str) -> str:
     text = _DOLLAR.sub("", text).strip()
     text = _DISPLAY_COMMANDS.sub("", text)
     text = _FRACTION_VARIANTS.sub(r"\\frac", text)
+    text = _THIN_SPACING.sub("", text)
     text = _SPACING.sub(" ", text)
     text = _DEGREES.sub("", text)
     text = _PERCENT.sub("", text)

@@ -166,3 +166,18 @@ def test_pool_agrees_with_every_case_in_one_batch() -> None:
     references = [reference for _, _, reference, _ in CASES]
     with VerifierPool(num_workers=2, timeout_s=10.0) as pool:
         assert pool.verify_batch(responses, references) == [expected for *_, expected in CASES]
+
+
+@pytest.mark.parametrize(
+    ("answer", "reference"),
+    [
+        ("10080", "10,\\!080"),
+        ("11111111100", "11,\\! 111,\\! 111,\\! 100"),
+        ("32348", "\\$32,\\!348"),
+        ("864", "864 \\mbox{ inches}^2"),
+        ("\\frac{270}{7}", "\\frac{270}7\\text{ degrees}"),
+        ("5,-11", "5,\\,-11"),
+    ],
+)
+def test_math500_reference_presentations_accept_the_plain_answer(answer: str, reference: str) -> None:
+    assert answers_equivalent(answer, reference)
