@@ -2,6 +2,7 @@
 round-trips bit for bit, and broken folders fail with errors that name the problem."""
 
 import json
+import tracemalloc
 
 import jax
 import jax.numpy as jnp
@@ -139,3 +140,31 @@ def test_missing_files_are_named(tmp_path, hf_checkpoint):
     (folder / "model.safetensors").unlink()
     with pytest.raises(FileNotFoundError, match="neither model.safetensors nor model.safetensors.index.json"):
         load_hf(folder)
+
+
+def test_load_and_save_keep_one_host_copy_of_the_weights(tmp_path):
+    """Host (numpy) allocations peak near one copy of the weights on load, and near one shard on save.
+
+    tracemalloc sees numpy buffers, not XLA's: on load that is the preallocated stacked arrays plus the tensor being
+    read (two copies would show as 2x), on save the shard being assembled plus the tensor being sliced.
+    """
+    config = ModelConfig(family="qwen2", vocab_size=1024, hidden_size=256, intermediate_size=512, num_layers=6,
+                         num_heads=4, num_kv_heads=2)
+    params = init_params(config, jax.random.key(0))
+    total = sum(leaf.nbytes for leaf in jax.tree_util.tree_leaves(params))
+    shard_mb = 2.0
+
+    tracemalloc.start()
+    try:
+        save_hf((config, params), tmp_path, shard_size_mb=shard_mb)
+        _, save_peak = tracemalloc.get_traced_memory()
+        tracemalloc.reset_peak()
+        loaded = load_hf(tmp_path)
+        _, load_peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    largest = max(leaf.nbytes for leaf in jax.tree_util.tree_leaves(params))
+    assert save_peak < shard_mb * 2**20 + 2 * largest, (save_peak, total)
+    assert load_peak < 1.5 * total, (load_peak, total)
+    for a, b in zip(jax.tree_util.tree_leaves(loaded.params), jax.tree_util.tree_leaves(params)):
+        np.testing.assert_array_equal(a, b)
