@@ -19,6 +19,8 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
+import aiohttp
+
 from sandbox_server.api import Status
 from sandbox_server.client import SandboxClient
 from sandbox_server.launcher import ServerProcess, running_server
@@ -81,6 +83,22 @@ async def bench_sandbox(server: ServerProcess, code: str, levels: Sequence[int])
     return rows
 
 
+async def bench_raw_burst(server: ServerProcess, code: str, total: int) -> dict[str, Any]:
+    """`total` simultaneous plain `/run` requests, one connection each, no client batching or retries."""
+    async with aiohttp.ClientSession(
+        connector=aiohttp.TCPConnector(limit=0), timeout=aiohttp.ClientTimeout(total=1800)
+    ) as session:
+
+        async def call() -> str:
+            try:
+                async with session.post(server.url + "/run", json={"code": code}) as response:
+                    return (await response.json())["status"]
+            except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+                return f"lost: {type(exc).__name__}"
+
+        return await _drive(call, total, total)
+
+
 async def bench_fresh_interpreter(code: str, total: int, concurrency: int) -> dict[str, Any]:
     """The baseline: `python -c CODE` per call, same interpreter and environment, no isolation."""
     env = zygote_environment()
@@ -104,7 +122,9 @@ def _server_rss_mb(server: ServerProcess) -> float:
     return float("nan")
 
 
-async def run_benchmark(server: ServerProcess, levels: Sequence[int], baseline_calls: int) -> dict[str, Any]:
+async def run_benchmark(
+    server: ServerProcess, levels: Sequence[int], baseline_calls: int, raw_burst: int
+) -> dict[str, Any]:
     """Measure every snippet on the server and with the baseline; return the report."""
     cores = os.cpu_count() or 1
     report: dict[str, Any] = {"cores": cores, "snippets": {}}
@@ -121,6 +141,8 @@ async def run_benchmark(server: ServerProcess, levels: Sequence[int], baseline_c
             "fresh_python": baseline,
             "speedup_vs_fresh_python": round(best / baseline["throughput"]["calls_per_s"], 1),
         }
+    if raw_burst:
+        report["raw_run_burst"] = await bench_raw_burst(server, SNIPPETS["trivial"], raw_burst)
     report["server_rss_mb_after"] = round(_server_rss_mb(server), 1)
     return report
 
@@ -138,6 +160,10 @@ def format_table(report: dict[str, Any]) -> str:
             lines.append(f"{name:8} {'sandbox, c=' + str(row['concurrency']):22} {row['calls']:>6} "
                          f"{row['calls_per_s']:>8} {row['p50_ms']:>8} {row['p99_ms']:>8} {row['lost']:>5}")  # fmt: skip
         lines.append(f"{name:8} speedup (best sandbox calls/s over fresh python3): {entry['speedup_vs_fresh_python']}x")
+    if "raw_run_burst" in report:
+        row = report["raw_run_burst"]
+        lines.append(f"{'trivial':8} {'raw /run, c=' + str(row['concurrency']):22} {row['calls']:>6} "
+                     f"{row['calls_per_s']:>8} {row['p50_ms']:>8} {row['p99_ms']:>8} {row['lost']:>5}")  # fmt: skip
     lines.append(f"server RSS after the run: {report['server_rss_mb_after']} MB")
     return "\n".join(lines)
 
@@ -148,11 +174,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--json", help="write the full report here")
     parser.add_argument("--levels", default=",".join(map(str, DEFAULT_LEVELS)), help="concurrency levels")
     parser.add_argument("--baseline-calls", type=int, default=20, help="calls of the fresh-interpreter baseline")
+    parser.add_argument("--raw-burst", type=int, default=10_000, help="simultaneous plain /run calls (0: skip)")
     parser.add_argument("--server-arg", action="append", default=[], help="extra flag for the server (repeatable)")
     args = parser.parse_args(argv)
     levels = [int(level) for level in args.levels.split(",")]
     with running_server(args.server_arg) as server:
-        report = asyncio.run(run_benchmark(server, levels, args.baseline_calls))
+        report = asyncio.run(run_benchmark(server, levels, args.baseline_calls, args.raw_burst))
         report["server_args"] = args.server_arg
     print(format_table(report))
     if args.json:
@@ -160,6 +187,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         with open(args.json, "w") as handle:
             json.dump(report, handle, indent=2)
     lost = sum(row["lost"] for entry in report["snippets"].values() for row in entry["sandbox"])
+    lost += report.get("raw_run_burst", {}).get("lost", 0)
     return 0 if lost == 0 else 1
 
 

@@ -52,7 +52,7 @@ HOSTILE = {
         "    if os.fork() == 0:\n"
         "        block = bytearray(200 * 2**20)\n"
         "        block[::4096] = b'1' * len(range(0, len(block), 4096))\n"
-        "        time.sleep(10)\n"
+        "        time.sleep(2)\n"
         "        os._exit(0)\n"
         "for _ in range(4):\n"
         "    os.wait()",
