@@ -25,6 +25,10 @@ _SINGLE_VARIABLE_EQUALS = re.compile(r"^[A-Za-z](?:_\{?\w+\}?)?\s*=\s*([^=]+)$")
 _THOUSANDS_COMMAS = re.compile(r"^(-?\d{1,3}(?:, ?\d{3})+)(\.\d+)?$")
 _THOUSANDS_SPACES = re.compile(r"^(-?\d{1,3}(?: \d{3})+)(\.\d+)?$")
 _DECIMAL = re.compile(r"^(-?)(\d*)\.(\d+)$")
+_TEXT_AND = re.compile(r"(?:,\s*)?\\text\s*\{\s*,?\s*and\s*\}")
+_WORD = re.compile(r"[A-Za-z]{3,}")
+_LATEX_COMMAND = re.compile(r"\\(?:begin|end)\s*\{[A-Za-z*]+\}|\\[A-Za-z]+")
+_MATH_WORDS = frozenset({"sqrt", "pi", "sin", "cos", "tan", "cot", "sec", "csc", "log", "ln", "exp", "oo", "inf"})
 _SPACE_NOT_BETWEEN_LETTERS = re.compile(r"(?<![A-Za-z])\s+|\s+(?![A-Za-z])")
 
 
@@ -64,6 +68,7 @@ def _without_thousands_separators(text: str) -> str:
 def normalize_answer(text: str) -> str:
     """Canonical form of an answer (SPEC 3), used for a fast exact comparison and as the sympy checker's input."""
     text = _DOLLAR.sub("", text).strip()
+    text = _TEXT_AND.sub(",", text)
     text = _DISPLAY_COMMANDS.sub("", text)
     text = _FRACTION_VARIANTS.sub(r"\\frac", text)
     text = _THIN_SPACING.sub("", text)
@@ -82,3 +87,13 @@ def normalize_answer(text: str) -> str:
     text = _without_thousands_separators(text)
     text = _SPACE_NOT_BETWEEN_LETTERS.sub("", text)
     return _canonical_decimal(text)
+
+
+def is_text_answer(normal_answer: str) -> bool:
+    """Whether a normalised answer is words (a name, "east", "two lines") rather than mathematics.
+
+    Both checkers read letters as symbols, so "Evelyn" and "Evenly" would be the same product of six symbols; such
+    answers are compared by their normal forms only.
+    """
+    words = _WORD.findall(_LATEX_COMMAND.sub("", normal_answer))
+    return any(word not in _MATH_WORDS for word in words)

@@ -7,15 +7,16 @@ runs this same function in worker processes under a time and memory limit.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 from rstar_jax.reward.exact_numbers import exact_numbers_equal
 from rstar_jax.reward.extraction import extract_final_answer
 from rstar_jax.reward.math_verify_check import math_verify_equal
-from rstar_jax.reward.normalization import normalize_answer
+from rstar_jax.reward.normalization import is_text_answer, normalize_answer
 from rstar_jax.reward.sympy_check import sympy_equal
 
 
+@runtime_checkable
 class Verifier(Protocol):
     """The reward boundary of DESIGN.md: (response, reference) -> bool, one at a time or as a batch."""
 
@@ -35,7 +36,7 @@ DEFAULT_MAX_ANSWER_CHARS = 1000
 
 def answers_equivalent(answer: str, reference: str, max_answer_chars: int = DEFAULT_MAX_ANSWER_CHARS) -> bool:
     """Whether an extracted answer equals a reference (SPEC 3): equal normal forms, equal exact numbers, or else
-    math-verify or sympy accepts.
+    math-verify or sympy accepts (never for answers in words, which only equal normal forms match).
 
     Answers longer than `max_answer_chars` are rejected without parsing (references in shared/data are at most 159
     characters; a 100 KB blob is never a right answer and would only tie up a worker).
@@ -47,6 +48,8 @@ def answers_equivalent(answer: str, reference: str, max_answer_chars: int = DEFA
         return False
     if normal_answer == normal_reference:
         return True
+    if is_text_answer(normal_answer) or is_text_answer(normal_reference):
+        return False
     exact = exact_numbers_equal(normal_answer, normal_reference)
     if exact is not None:
         return exact
