@@ -1,0 +1,101 @@
+"""The rollout fleet: N vLLM servers, launched here from an HF folder or attached by URL (issue 5 item 2).
+
+A fleet hands out one `VLLMServerEngine` per server (the balancer routes over them) and pushes new weights to all
+of them after each learner update, writing the sync file once. Launched servers are stopped by `close()` / the
+context manager; attached ones are left running.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from typing import Any, Sequence
+
+import gin
+
+from rstar_jax.model.config import ModelConfig
+from rstar_jax.model.lm import Params
+from rstar_jax.rollout.vllm_engine import VLLMServerEngine
+from rstar_jax.rollout.vllm_server import VLLMServer, launch_servers
+from rstar_jax.rollout.vllm_weight_sync import SyncTiming, write_sync_file
+
+
+class VLLMFleet:
+    """Engines over vLLM servers plus the servers this process started (stopped on close)."""
+
+    def __init__(self, engines: Sequence[VLLMServerEngine], model_config: ModelConfig | None = None,
+                 servers: Sequence[VLLMServer] = ()) -> None:
+        if not engines:
+            raise ValueError("a fleet needs at least one engine")
+        self.engines = list(engines)
+        self.model_config = model_config
+        self.servers = list(servers)
+
+    @classmethod
+    def attach(cls, urls: Sequence[str], model_config: ModelConfig | None = None) -> VLLMFleet:
+        """A fleet over servers already running at `urls` (they must run with this repo's worker extension and
+        VLLM_SERVER_DEV_MODE=1 for weight sync)."""
+        return cls([VLLMServerEngine(url, model_config) for url in urls], model_config)
+
+    @classmethod
+    def launch(cls, model_dir: str | os.PathLike, num_servers: int, model_config: ModelConfig | None = None,
+               **start_options: Any) -> VLLMFleet:
+        """Start `num_servers` servers on `model_dir` and wait until all are healthy (flags from gin:
+        `server_command`, `server_env`; `start_options` such as extra_args go to `start_server`)."""
+        servers = launch_servers(model_dir, num_servers, **start_options)
+        return cls([VLLMServerEngine(server.url, model_config) for server in servers], model_config, servers)
+
+    async def update_weights(self, params: Params, version: int) -> SyncTiming:
+        """Push `params` to every server: one sync file, reloaded by all servers concurrently, then deleted."""
+        if self.model_config is None:
+            raise ValueError("the fleet needs model_config to convert parameters for update_weights")
+        start = time.perf_counter()
+        sync_file = write_sync_file(self.model_config, params, version)
+        written = time.perf_counter()
+        try:
+            await asyncio.gather(*(engine.load_weights_file(sync_file, version) for engine in self.engines))
+        finally:
+            sync_file.path.unlink(missing_ok=True)
+        return SyncTiming(megabytes=sync_file.megabytes, write_s=written - start,
+                          load_s=time.perf_counter() - written, servers=len(self.engines))
+
+    async def aclose(self) -> None:
+        """Close the engines' HTTP sessions."""
+        await asyncio.gather(*(engine.aclose() for engine in self.engines))
+
+    def close(self) -> None:
+        """Stop the servers this fleet launched (attached servers keep running)."""
+        for server in self.servers:
+            server.close()
+        self.servers = []
+
+    def __enter__(self) -> VLLMFleet:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+
+@gin.configurable
+def make_fleet(model_dir: str | None = None, num_servers: int = 1, urls: Sequence[str] = (),
+               model_config: ModelConfig | None = None) -> VLLMFleet:
+    """The fleet a run is configured with: attach to `urls` when given, else launch `num_servers` on `model_dir`."""
+    if urls and model_dir is not None:
+        raise ValueError("give either urls (attach) or model_dir (launch), not both")
+    if urls:
+        return VLLMFleet.attach(urls, model_config)
+    if model_dir is None:
+        raise ValueError("make_fleet needs model_dir to launch servers, or urls to attach to")
+    return VLLMFleet.launch(model_dir, num_servers, model_config)
+
+
+async def measure_weight_sync(fleet: VLLMFleet, params: Params, repeats: int = 3,
+                              first_version: int = 1) -> list[SyncTiming]:
+    """Time `repeats` full syncs of `params` into every server of the fleet (issue 5 item 6: seconds per MB).
+
+    Each timing's `seconds_per_mb` covers writing the file and all servers reloading it.
+    """
+    if repeats < 1:
+        raise ValueError(f"repeats must be >= 1, got {repeats}")
+    return [await fleet.update_weights(params, first_version + index) for index in range(repeats)]

