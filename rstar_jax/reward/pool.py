@@ -68,7 +68,7 @@ class VerifierPool:
         """`num_workers` defaults to the CPU count; `timeout_s` is the default per-item limit of `verify_batch`;
         `memory_limit_mb` caps each worker's address space (None: no cap); longer answers than `max_answer_chars`
         are rejected unparsed; `start_timeout_s` bounds the wait for workers to start."""
-        self.num_workers = num_workers or os.cpu_count() or 1
+        self.num_workers = (os.cpu_count() or 1) if num_workers is None else num_workers
         if self.num_workers < 1:
             raise ValueError(f"VerifierPool needs at least one worker, got num_workers={num_workers}")
         if timeout_s <= 0:
@@ -162,11 +162,16 @@ class VerifierPool:
         pending = deque(range(len(pairs)))
         last_progress = time.monotonic()
         while pending or any(w.item is not None for w in self._workers):
-            for worker in self._workers:
+            for worker in list(self._workers):
                 if pending and worker.ready and worker.item is None:
-                    worker.item = pending.popleft()
-                    worker.deadline = time.monotonic() + limit
-                    worker.connection.send((worker.item, *pairs[worker.item]))
+                    item = pending.popleft()
+                    try:
+                        worker.connection.send((item, *pairs[item]))
+                    except OSError:  # it died while idle: replace it and hand the item to the next worker
+                        pending.appendleft(item)
+                        self._replace(worker)
+                        continue
+                    worker.item, worker.deadline = item, time.monotonic() + limit
             now = time.monotonic()
             next_deadline = min((w.deadline for w in self._workers if w.item is not None), default=math.inf)
             if not any(w.ready for w in self._workers) and now - last_progress > self._start_timeout_s:

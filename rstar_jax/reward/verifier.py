@@ -36,7 +36,7 @@ DEFAULT_MAX_ANSWER_CHARS = 1000
 
 def answers_equivalent(answer: str, reference: str, max_answer_chars: int = DEFAULT_MAX_ANSWER_CHARS) -> bool:
     """Whether an extracted answer equals a reference (SPEC 3): equal normal forms, equal exact numbers, or else
-    math-verify or sympy accepts (never for answers in words, which only equal normal forms match).
+    math-verify or sympy accepts. Answers in words ("Evelyn") match only by normal form, ignoring case.
 
     Answers longer than `max_answer_chars` are rejected without parsing (references in shared/data are at most 159
     characters; a 100 KB blob is never a right answer and would only tie up a worker).
@@ -49,7 +49,7 @@ def answers_equivalent(answer: str, reference: str, max_answer_chars: int = DEFA
     if normal_answer == normal_reference:
         return True
     if is_text_answer(normal_answer) or is_text_answer(normal_reference):
-        return False
+        return normal_answer.casefold() == normal_reference.casefold()
     exact = exact_numbers_equal(normal_answer, normal_reference)
     if exact is not None:
         return exact

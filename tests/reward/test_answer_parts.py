@@ -122,6 +122,7 @@ def test_words_only_match_by_normal_form() -> None:
     assert math_verify_equal("Evelyn", "Evenly")
     assert not answers_equivalent("Evelyn", "Evenly")
     assert answers_equivalent("\\text{Evelyn}", "Evelyn")
+    assert answers_equivalent("\\text{east}", "\\text{East}")
 
 
 def test_pool_implements_the_verifier_protocol() -> None:

@@ -3,7 +3,9 @@
 
 from __future__ import annotations
 
+import os
 import pathlib
+import signal
 import time
 
 import pytest
@@ -102,6 +104,17 @@ def test_batch_shape_and_types_are_checked(pool: VerifierPool) -> None:
     with pytest.raises(ValueError, match="timeout_s must be positive"):
         pool.verify_batch(["a"], ["a"], timeout_s=0)
     assert pool.verify_batch([], []) == []
+
+
+def test_a_worker_that_died_while_idle_is_replaced(pool: VerifierPool) -> None:
+    os.kill(pool.worker_pids[0], signal.SIGKILL)
+    time.sleep(0.2)
+    assert pool.verify_batch(["\\boxed{5}"] * 4, ["5"] * 4) == [True] * 4
+
+
+def test_worker_count_must_be_positive() -> None:
+    with pytest.raises(ValueError, match="at least one worker"):
+        VerifierPool(num_workers=0)
 
 
 def test_closed_pool_refuses_work() -> None:
