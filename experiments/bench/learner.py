@@ -2,9 +2,9 @@
 
 Both sides run the same training computation (mean next-token cross-entropy, its gradient with respect to every
 parameter) on the same weights (the JAX parameters written with `save_hf` and loaded by transformers) and the
-same token batch, in the same process, one after the other: warm-up iterations, then the median of several timed
-ones. The JAX step's achieved FLOP/s is compared with this machine's float32 matmul peak, measured in the same run
-by timing a large jitted `jnp.dot`.
+same token batch, in the same process. The JAX step's achieved FLOP/s is compared with this machine's float32
+matmul peak, measured in the same run by timing a large jitted `jnp.dot`. The three timings alternate round by
+round (warm-up rounds, then the median of several timed ones), so a busy shared machine slows them alike.
 
 FLOPs are counted analytically, the same count for both implementations:
   dense     = 6 * (matmul parameters) * tokens  (2 forward + 4 backward per multiply-add; matmul parameters are every
@@ -12,7 +12,7 @@ FLOPs are counted analytically, the same count for both implementations:
   attention = 12 * layers * batch * seq^2 * heads * head_dim  (QK^T and PV, 2 FLOPs per multiply-add, times 3 for
               forward + backward, over the full seq x seq score matrix the JAX model computes before masking)
 
-    python -m experiments.bench.learner                      # tiny demo model, batch 8 x 256 tokens
+    python -m experiments.bench.learner                      # tiny demo model, batch 4 x 256 tokens
     python -m experiments.bench.learner --batch 4 --seq 512 --json /tmp/learner.json
     python -m experiments.bench.learner --gin_param "ModelConfig.hidden_size = 512"
 """
@@ -81,26 +81,29 @@ def train_step_flops(config: ModelConfig, batch: int, seq: int) -> StepFlops:
     return StepFlops(matmul_params, 6 * matmul_params * batch * seq, attention)
 
 
-def time_calls(call: Callable[[], Any], warmup: int, iters: int) -> list[float]:
-    """Wall-clock seconds of `iters` calls after `warmup` untimed ones; `call` must block until its work is done."""
+def time_rounds(calls: dict[str, Callable[[], Any]], warmup: int, iters: int) -> dict[str, list[float]]:
+    """Wall-clock seconds of each call in `iters` rounds, after `warmup` untimed rounds; each call must block until
+    its work is done. The calls alternate within a round, so load from other processes on a shared machine hits
+    all of them alike and their ratios stay meaningful."""
     for _ in range(warmup):
-        call()
-    seconds = []
+        for call in calls.values():
+            call()
+    seconds: dict[str, list[float]] = {name: [] for name in calls}
     for _ in range(iters):
-        start = time.perf_counter()
-        call()
-        seconds.append(time.perf_counter() - start)
+        for name, call in calls.items():
+            start = time.perf_counter()
+            call()
+            seconds[name].append(time.perf_counter() - start)
     return seconds
 
 
-def measure_matmul_peak(size: int, warmup: int, iters: int) -> dict[str, float]:
-    """This machine's float32 matmul rate: a jitted [size, size] @ [size, size] jnp.dot, median of `iters`."""
+def matmul_call(size: int) -> Callable[[], Any]:
+    """One jitted float32 [size, size] @ [size, size] jnp.dot, compiled: the probe of this machine's matmul peak."""
     keys = jax.random.split(jax.random.key(1))
     a, b = (jax.random.normal(key, (size, size), jnp.float32) for key in keys)
     matmul = jax.jit(jnp.dot)
-    seconds = time_calls(lambda: matmul(a, b).block_until_ready(), warmup, iters)
-    median = statistics.median(seconds)
-    return {"size": size, "flops": 2 * size**3, "median_s": median, "flops_per_s": 2 * size**3 / median}
+    matmul(a, b).block_until_ready()
+    return lambda: matmul(a, b).block_until_ready()
 
 
 def next_token_cross_entropy(params: Any, config: ModelConfig, ids: jax.Array) -> jax.Array:
@@ -111,19 +114,18 @@ def next_token_cross_entropy(params: Any, config: ModelConfig, ids: jax.Array) -
     return -jnp.mean(jnp.take_along_axis(logprobs, ids[:, 1:, None], axis=-1))
 
 
-def bench_jax(config: ModelConfig, params: Any, ids: np.ndarray, warmup: int, iters: int) -> dict[str, Any]:
-    """Time the jitted value_and_grad of the next-token loss; also report compile time and the loss."""
+def jax_step_call(config: ModelConfig, params: Any, ids: np.ndarray) -> tuple[Callable[[], Any], dict[str, Any]]:
+    """The jitted value_and_grad of the next-token loss, compiled; its loss and compile (+ first step) time."""
     step = jax.jit(jax.value_and_grad(next_token_cross_entropy), static_argnums=1)
     ids_on_device = jnp.asarray(ids)
     start = time.perf_counter()
     loss, _ = jax.block_until_ready(step(params, config, ids_on_device))
-    compile_s = time.perf_counter() - start
-    seconds = time_calls(lambda: jax.block_until_ready(step(params, config, ids_on_device)), warmup, iters)
-    return {"loss": float(loss), "compile_and_first_step_s": compile_s, "step_s": seconds}
+    info = {"loss": float(loss), "compile_and_first_step_s": time.perf_counter() - start}
+    return lambda: jax.block_until_ready(step(params, config, ids_on_device)), info
 
 
-def bench_torch(model_dir: str, ids: np.ndarray, warmup: int, iters: int) -> dict[str, Any]:
-    """Time loss.backward() of transformers' model loaded from `model_dir` (labels=ids: the same loss)."""
+def torch_step_call(model_dir: str, ids: np.ndarray) -> tuple[Callable[[], Any], dict[str, Any]]:
+    """loss.backward() of transformers' model loaded from `model_dir` (labels=ids: the same loss); its loss."""
     transformers.utils.logging.disable_progress_bar()
     model = transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     model.train()
@@ -135,10 +137,9 @@ def bench_torch(model_dir: str, ids: np.ndarray, warmup: int, iters: int) -> dic
         loss.backward()
         return float(loss.detach())
 
-    loss = step()
-    seconds = time_calls(step, warmup, iters)
-    return {"loss": loss, "step_s": seconds, "attn_implementation": model.config._attn_implementation,
+    info = {"loss": step(), "attn_implementation": model.config._attn_implementation,
             "threads": torch.get_num_threads()}
+    return step, info
 
 
 def summarise(side: dict[str, Any], flops: StepFlops, tokens: int, peak_flops_per_s: float) -> dict[str, Any]:
@@ -162,14 +163,17 @@ def run_benchmark(config: ModelConfig, batch: int, seq: int, warmup: int, iters:
     params = init_params(config, jax.random.key(seed))
     ids = np.random.default_rng(seed).integers(0, config.vocab_size, (batch, seq), dtype=np.int32)
     flops = train_step_flops(config, batch, seq)
-    peak = measure_matmul_peak(matmul_size, warmup, iters)
-    jax_side = bench_jax(config, params, ids, warmup, iters)
+    jax_call, jax_info = jax_step_call(config, params, ids)
     with tempfile.TemporaryDirectory() as model_dir:
         save_hf((config, params), model_dir)
-        torch_side = bench_torch(model_dir, ids, warmup, iters)
+        torch_call, torch_info = torch_step_call(model_dir, ids)
+    seconds = time_rounds({"matmul": matmul_call(matmul_size), "jax": jax_call, "torch": torch_call}, warmup, iters)
+    matmul_median = statistics.median(seconds["matmul"])
+    peak = {"size": matmul_size, "flops": 2 * matmul_size**3, "step_s": seconds["matmul"],
+            "median_s": matmul_median, "flops_per_s": 2 * matmul_size**3 / matmul_median}
     tokens = batch * seq
-    jax_summary = summarise(jax_side, flops, tokens, peak["flops_per_s"])
-    torch_summary = summarise(torch_side, flops, tokens, peak["flops_per_s"])
+    jax_summary = summarise({**jax_info, "step_s": seconds["jax"]}, flops, tokens, peak["flops_per_s"])
+    torch_summary = summarise({**torch_info, "step_s": seconds["torch"]}, flops, tokens, peak["flops_per_s"])
     return {
         "model": config.to_hf_dict() | {"param_count": int(sum(x.size for x in jax.tree_util.tree_leaves(params)))},
         "batch": batch,
@@ -198,7 +202,7 @@ def format_table(result: dict[str, Any]) -> str:
         f"L={model['num_hidden_layers']} heads={model['num_attention_heads']}/{model['num_key_value_heads']} "
         f"D={model['head_dim']} F={model['intermediate_size']} ({model['param_count']:,} params), "
         f"batch {result['batch']} x {result['seq']} tokens, "
-        f"median of {result['iters']} after {result['warmup']} warm-up",
+        f"median of {result['iters']} interleaved rounds after {result['warmup']} warm-up",
         f"FLOPs/step: dense 6*{flops['matmul_params']:,}*{result['tokens_per_step']} = {flops['dense'] / 1e9:.2f} G "
         f"+ attention {flops['attention'] / 1e9:.2f} G = {flops['total'] / 1e9:.2f} G",
         f"matmul peak (jnp.dot f32 {peak['size']}x{peak['size']}): {peak['flops_per_s'] / 1e9:.1f} GFLOP/s",
@@ -230,9 +234,9 @@ def model_config_from_gin(gin_files: Sequence[str], gin_params: Sequence[str]) -
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     """Command line entry point: run, print the table, optionally write the JSON."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--batch", type=int, default=8)
+    parser.add_argument("--batch", type=int, default=4)
     parser.add_argument("--seq", type=int, default=256)
-    parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--iters", type=int, default=5)
     parser.add_argument("--matmul_size", type=int, default=2048, help="side of the square matmul timed for the peak")
     parser.add_argument("--gin_file", action="append", default=[], help="gin file binding ModelConfig fields")
