@@ -59,10 +59,19 @@ def test_resolve_axis_sizes_is_pure_arithmetic():
 GIN_MESH_DIR = Path(__file__).resolve().parents[2] / "gin" / "mesh"
 
 
-def test_mesh_is_set_by_gin():
+@pytest.mark.parametrize(
+    "gin_file, device_count, expected",
+    [
+        ("cpu8_3d.gin", 8, {"data": 2, "fsdp": 2, "tensor": 2}),
+        ("fsdp.gin", 8, {"data": 1, "fsdp": 8, "tensor": 1}),
+        ("single.gin", 1, {"data": 1, "fsdp": 1, "tensor": 1}),
+        ("tensor_node.gin", 8, {"data": 1, "fsdp": 1, "tensor": 8}),
+    ],
+)
+def test_mesh_is_set_by_gin(gin_file, device_count, expected):
     with gin.unlock_config():
-        gin.parse_config_files_and_bindings([str(GIN_MESH_DIR / "cpu8_3d.gin")], [])
+        gin.parse_config_files_and_bindings([str(GIN_MESH_DIR / gin_file)], [])
     try:
-        assert dict(make_mesh().shape) == {"data": 2, "fsdp": 2, "tensor": 2}
+        assert dict(make_mesh(devices=jax.devices()[:device_count]).shape) == expected
     finally:
         gin.clear_config()
