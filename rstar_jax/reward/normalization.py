@@ -1,7 +1,7 @@
 """Rewriting an answer string into a canonical form before comparison (SPEC 3: "normalised").
 
 Only presentation is removed: display commands, spacing, units in `\\text{}`, degree and percent signs, thousands
-separators, a leading `x =`. Two answers with equal normal forms are equal; different normal forms go on to the
+separators, `x =` before a value, "and"/"or" between listed values. Two answers with equal normal forms are equal; different normal forms go on to the
 math-verify and sympy checkers, which decide mathematical equivalence.
 """
 
@@ -21,11 +21,11 @@ _WHOLE_TEXT = re.compile(r"^\\(?:text|textbf|textit|textrm|mathrm|mbox)\s*\{([^{
 _NUMBER = r"-?(?:\d+(?:\.\d*)?|\.\d+)"
 _NUMBER_WITH_UNIT_WORDS = re.compile(rf"^({_NUMBER})\s+[A-Za-z]{{2,}}(?:\s+[A-Za-z]+)*$")
 _TRAILING_UNIT_TEXT = re.compile(r"^(.+?)\s*\\(?:text|mbox|mathrm)\s*\{\s*[A-Za-z][A-Za-z ]*\}(?:\^\{?\d\}?)?$")
-_SINGLE_VARIABLE_EQUALS = re.compile(r"^[A-Za-z](?:_\{?\w+\}?)?\s*=\s*([^=]+)$")
+_VARIABLE_ASSIGNMENT = re.compile(r"(^|,)\s*[A-Za-z](?:_\{?\w+\}?)?\s*=(?!=)\s*")
 _THOUSANDS_COMMAS = re.compile(r"^(-?\d{1,3}(?:, ?\d{3})+)(\.\d+)?$")
 _THOUSANDS_SPACES = re.compile(r"^(-?\d{1,3}(?: \d{3})+)(\.\d+)?$")
 _DECIMAL = re.compile(r"^(-?)(\d*)\.(\d+)$")
-_TEXT_AND = re.compile(r"(?:,\s*)?\\text\s*\{\s*,?\s*and\s*\}")
+_TEXT_CONJUNCTION = re.compile(r"(?:,\s*)?\\text\s*\{\s*,?\s*(?:and|or)\s*\}")
 _WORD = re.compile(r"[A-Za-z]{3,}")
 _LATEX_COMMAND = re.compile(r"\\(?:begin|end)\s*\{[A-Za-z*]+\}|\\[A-Za-z]+")
 _MATH_WORDS = frozenset({"sqrt", "pi", "sin", "cos", "tan", "cot", "sec", "csc", "log", "ln", "exp", "oo", "inf"})
@@ -68,7 +68,7 @@ def _without_thousands_separators(text: str) -> str:
 def normalize_answer(text: str) -> str:
     """Canonical form of an answer (SPEC 3), used for a fast exact comparison and as the sympy checker's input."""
     text = _DOLLAR.sub("", text).strip()
-    text = _TEXT_AND.sub(",", text)
+    text = _TEXT_CONJUNCTION.sub(",", text)
     text = _DISPLAY_COMMANDS.sub("", text)
     text = _FRACTION_VARIANTS.sub(r"\\frac", text)
     text = _THIN_SPACING.sub("", text)
@@ -81,9 +81,8 @@ def normalize_answer(text: str) -> str:
         text = whole_text.group(1).strip()
     text = _without_units(text)
     text = _TEXT_COMMAND.sub(r"\1", text).strip()
-    equation = _SINGLE_VARIABLE_EQUALS.match(text)
-    if equation:
-        text = equation.group(1).strip()
+    if text.count("=") == text.count(",") + 1:  # `x = 3`, `x = 2, x = 3`: each value assigned to one variable
+        text = _VARIABLE_ASSIGNMENT.sub(r"\1", text).strip()
     text = _without_thousands_separators(text)
     text = _SPACE_NOT_BETWEEN_LETTERS.sub("", text)
     return _canonical_decimal(text)
