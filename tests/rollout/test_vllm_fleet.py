@@ -1,0 +1,178 @@
+"""Real vLLM CPU servers serving the tiny demo model (tied and untied heads): token ids in and out with raw logprobs
+equal to the JAX model's, capacity from /metrics, live weight sync checked against the JAX model's new logprobs, and
+a server killed mid-generation surfacing as EngineUnavailable (issue 5 items 2, 5, 6).
+
+Both servers start at once for the whole module and are always stopped (process groups) in the teardown.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any, Awaitable, Iterator
+
+import jax
+import numpy as np
+import pytest
+
+from rstar_jax.model import CausalLM, init_params
+from rstar_jax.rollout.engine import FINISH_LENGTH, FINISH_STOP, EngineUnavailable, SamplingParams
+from rstar_jax.rollout.vllm_engine import VLLMServerEngine
+from rstar_jax.rollout.vllm_fleet import VLLMFleet, measure_weight_sync
+from rstar_jax.rollout.vllm_server import start_server, wait_healthy
+from vllm_fixtures import (
+    KV_CACHE_BYTES,
+    TEST_SERVER_ARGS,
+    TEST_SERVER_ENV,
+    jax_scores,
+    sharpened,
+    write_tiny_model,
+)
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]
+
+PROMPT = (5, 17, 42, 300, 9, 77, 512, 3)
+SCORED = (7, 250, 13, 900, 64, 64, 1000, 2, 31, 400)
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, tuple[VLLMFleet, CausalLM]]]:
+    """{"tied": (fleet of one server, the JAX model it serves), "untied": ...}; servers stopped afterwards."""
+    root = tmp_path_factory.mktemp("vllm")
+    models = {name: write_tiny_model(root / name, seed=0, tied=name == "tied") for name in ("tied", "untied")}
+    servers = []
+    try:
+        for name in models:
+            servers.append(start_server(root / name, log_dir=root / "logs", extra_args=TEST_SERVER_ARGS,
+                                        extra_env=TEST_SERVER_ENV))
+        for server in servers:
+            wait_healthy(server)
+        yield {name: (VLLMFleet([VLLMServerEngine(server.url, model.config)], model.config, [server]), model)
+               for (name, model), server in zip(models.items(), servers)}
+    finally:
+        for server in servers:
+            server.close()
+
+
+def run(fleet: VLLMFleet, coroutine: Awaitable[Any]) -> Any:
+    """Run one test's coroutine in a fresh event loop, closing the fleet's HTTP sessions at the end."""
+
+    async def main() -> Any:
+        try:
+            return await coroutine
+        finally:
+            await fleet.aclose()
+
+    return asyncio.run(main())
+
+
+def test_generate_returns_sampled_ids_with_their_raw_logprobs(served):
+    fleet, model = served["tied"]
+    engine = fleet.engines[0]
+    sampling = SamplingParams(temperature=0.7, top_p=0.9, max_new_tokens=12, seed=3)
+
+    async def twice():
+        return await engine.generate(PROMPT, sampling), await engine.generate(PROMPT, sampling)
+
+    first, again = run(fleet, twice())
+    assert len(first.token_ids) == 12 and first.finish_reason == FINISH_LENGTH
+    assert again.token_ids == first.token_ids, "a seeded request is reproducible"
+    # temperature 0.7 / top_p 0.9 sampling, but the logprobs are of the temperature-1 full-vocabulary policy
+    expected = jax_scores(model.config, model.params, PROMPT + first.token_ids)[len(PROMPT) - 1:]
+    np.testing.assert_allclose(first.logprobs, expected, atol=1e-4)
+
+
+def test_a_sampled_stop_token_ends_the_turn_and_is_returned(served):
+    fleet, _ = served["tied"]
+    engine = fleet.engines[0]
+    free = run(fleet, engine.generate(PROMPT, SamplingParams(max_new_tokens=10, seed=5)))
+    cut = next(index for index, token in enumerate(free.token_ids) if index >= 2 and token not in free.token_ids[:index])
+    stopped = run(fleet, engine.generate(PROMPT, SamplingParams(max_new_tokens=10, seed=5,
+                                                                stop_token_ids=(free.token_ids[cut],))))
+    assert stopped.finish_reason == FINISH_STOP
+    assert stopped.token_ids == free.token_ids[:cut + 1]
+    np.testing.assert_allclose(stopped.logprobs, free.logprobs[:cut + 1], atol=1e-5)
+
+
+def test_capacity_reports_the_kv_size_and_live_queues(served):
+    fleet, model = served["tied"]
+    engine = fleet.engines[0]
+    config = model.config
+    bytes_per_token = config.num_layers * 2 * config.num_kv_heads * config.head_dim * 4  # K and V, float32
+    idle = run(fleet, engine.capacity())
+    assert idle.kv_tokens_total == KV_CACHE_BYTES // bytes_per_token == 524_288
+    assert (idle.kv_tokens_used, idle.requests_running, idle.requests_waiting) == (0, 0, 0)
+
+    async def during_generation():
+        task = asyncio.create_task(engine.generate(PROMPT, SamplingParams(max_new_tokens=400, seed=0)))
+        seen = await engine.capacity()
+        while seen.requests_running == 0 and not task.done():
+            await asyncio.sleep(0.05)
+            seen = await engine.capacity()
+        await task
+        return seen
+
+    busy = run(fleet, during_generation())
+    assert busy.requests_running == 1 and busy.requests_waiting == 0
+    assert 0 < busy.kv_tokens_used <= 512, "one request holds at most one sequence's blocks"
+
+
+@pytest.mark.parametrize("head", ["tied", "untied"])
+def test_weight_sync_serves_the_new_weights_without_restart(served, head):
+    fleet, model = served[head]
+    engine = fleet.engines[0]
+    config, old = model.config, model.params
+    new = sharpened(init_params(config, jax.random.key(7)), 4.0)
+    old_expected, new_expected = jax_scores(config, old, SCORED), jax_scores(config, new, SCORED)
+    assert np.abs(new_expected - old_expected).max() > 0.5
+
+    async def sync_and_score():
+        before = await engine.score(SCORED)
+        greedy = SamplingParams(temperature=0.0, max_new_tokens=4)
+        await engine.generate(PROMPT, greedy)  # leaves the prompt's KV in the prefix cache
+        timing = await fleet.update_weights(new, version=1)
+        after = await engine.score(SCORED)
+        generated = await engine.generate(PROMPT, greedy)
+        return before, timing, after, generated
+
+    before, timing, after, generated = run(fleet, sync_and_score())
+    np.testing.assert_allclose(before, old_expected, atol=1e-4)
+    np.testing.assert_allclose(after, new_expected, atol=1e-4)
+    assert np.abs(np.asarray(after) - old_expected).max() > 0.5
+    # no stale prefix KV: the turn continuing the cached prompt is scored by the new weights
+    continued = jax_scores(config, new, PROMPT + generated.token_ids)[len(PROMPT) - 1:]
+    np.testing.assert_allclose(generated.logprobs, continued, atol=1e-4)
+    assert engine.weight_version == 1 and timing.servers == 1
+    n_params = sum(leaf.size for leaf in jax.tree_util.tree_leaves(new))
+    assert timing.megabytes == pytest.approx(n_params * 4 / 1e6)
+
+
+def test_measure_weight_sync_reports_seconds_per_megabyte(served):
+    fleet, model = served["tied"]
+    timings = run(fleet, measure_weight_sync(fleet, model.params, repeats=2, first_version=10))
+    assert [t.servers for t in timings] == [1, 1]
+    assert all(0 < t.write_s and 0 < t.load_s and t.seconds_per_mb == t.seconds / t.megabytes for t in timings)
+    print(f"weight sync, {timings[-1].megabytes:.1f} MB: " + ", ".join(
+        f"{t.seconds:.3f} s ({t.seconds_per_mb * 1e3:.1f} ms/MB)" for t in timings))
+    np.testing.assert_allclose(run(fleet, fleet.engines[0].score(SCORED)),
+                               jax_scores(model.config, model.params, SCORED), atol=1e-4)
+
+
+def test_a_server_killed_mid_generation_raises_engine_unavailable(served):
+    fleet, _ = served["untied"]
+    engine = fleet.engines[0]
+
+    async def kill_during_generation():
+        task = asyncio.create_task(engine.generate(PROMPT, SamplingParams(max_new_tokens=480, seed=1)))
+        while (await engine.capacity()).requests_running == 0:
+            assert not task.done(), "the generation ended before the server could be killed"
+            await asyncio.sleep(0.05)
+        fleet.servers[0].kill()
+        with pytest.raises(EngineUnavailable):
+            await task
+        with pytest.raises(EngineUnavailable):
+            await engine.capacity()
+        with pytest.raises(EngineUnavailable):
+            await engine.generate(PROMPT, SamplingParams(max_new_tokens=2))
+
+    run(fleet, kill_during_generation())

@@ -1,0 +1,43 @@
+"""Shared pieces of the vLLM tests: the tiny demo model folders and the server flags that keep CPU servers small."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Sequence
+
+import gin
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from experiments.make_tiny_model import TINY_MODEL_GIN, make_tiny_model
+from rstar_jax.gin_setup import parse_gin
+from rstar_jax.model import CausalLM, ModelConfig, positions_from_mask, token_logprobs
+from rstar_jax.model.lm import Params
+
+# float32 for 1e-4 parity; eager mode skips minutes of torch.compile warm-up on a shared 2-core box.
+TEST_SERVER_ARGS = ("--dtype", "float32", "--max-model-len", "512", "--max-num-seqs", "8", "--enforce-eager")
+TEST_SERVER_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1"}  # GiB of KV cache per server
+KV_CACHE_BYTES = 2**30
+
+
+def write_tiny_model(out: Path, seed: int, tied: bool) -> CausalLM:
+    """The CPU demo model (make_tiny_model, tied or untied head) written to `out`; gin is left cleared."""
+    try:
+        parse_gin([TINY_MODEL_GIN], [f"ModelConfig.tie_word_embeddings = {tied}"])
+        return make_tiny_model(out, seed)
+    finally:
+        gin.clear_config()
+
+
+def sharpened(params: Params, factor: float) -> Params:
+    """Matrices scaled by `factor`, so next-token distributions are far from uniform and a stale tensor shows."""
+    return jax.tree_util.tree_map(lambda x: x * factor if x.ndim > 1 else x, params)
+
+
+def jax_scores(config: ModelConfig, params: Params, token_ids: Sequence[int]) -> np.ndarray:
+    """log p(token_ids[t] | token_ids[:t]) for t >= 1 from the JAX model (the reference for the server)."""
+    ids = jnp.asarray([list(token_ids[:-1])], jnp.int32)
+    mask = jnp.ones_like(ids)
+    targets = jnp.asarray([list(token_ids[1:])], jnp.int32)
+    return np.asarray(token_logprobs(params, config, ids, positions_from_mask(mask), mask, targets))[0]
