@@ -150,6 +150,7 @@ class JaxEngine:
 
     def _run(self, warmup: bool) -> None:
         """The stepping loop: admit waiting requests into free slots, decode one token for every running slot."""
+        admitted: list[Request] = []  # out of the queue, maybe not in a slot yet: failed too if the thread dies
         try:
             if warmup:
                 self._warm_up()
@@ -158,16 +159,17 @@ class JaxEngine:
                 admitted = self._next_admissions()
                 if admitted is None:
                     break
-                for request in admitted:
-                    self._admit(request)
+                finished = [done for request in admitted for done in self._admit(request)]
                 if self._table.running:
-                    self._decode()
-                self._publish_capacity()
+                    finished += self._decode()
+                self._publish_capacity()  # before delivering, so a caller woken by its result sees its slot free
+                for request, finish_reason in finished:
+                    request.deliver(request.generation(finish_reason))
         except BaseException as exc:  # noqa: BLE001 - any failure must reach the callers, not hang them
             logger.exception("JaxEngine stepping thread died")
-            self._shut_down(f"JaxEngine stepping thread died: {exc!r}")
+            self._shut_down(f"JaxEngine stepping thread died: {exc!r}", admitted)
         else:
-            self._shut_down("JaxEngine is closed")
+            self._shut_down("JaxEngine is closed", [])
         finally:
             self._ready.set()
 
@@ -186,8 +188,8 @@ class JaxEngine:
             if request.future.cancelled():
                 self._table.release(slot)
 
-    def _admit(self, request: Request) -> None:
-        """Prefill `request` into a free slot and record its first token; it finishes at once or starts decoding."""
+    def _admit(self, request: Request) -> list[tuple[Request, str]]:
+        """Prefill `request` into a free slot and record its first token; [(request, finish reason)] if that ended it."""
         slot = self._table.free_slot()
         length = len(request.prompt_ids)
         ids = np.zeros(bucket_for(length, self.buckets), np.int32)
@@ -197,25 +199,27 @@ class JaxEngine:
                                        request.seed)
         finish_reason = request.record(int(token), float(logprob), self.max_len)
         if finish_reason:
-            request.deliver(request.generation(finish_reason))
-        else:
-            self._table.occupy(slot, request, int(token))
+            return [(request, finish_reason)]
+        self._table.occupy(slot, request, int(token))
+        return []
 
-    def _decode(self) -> None:
-        """One decode step for every running slot; finished requests are delivered and leave their slots."""
+    def _decode(self) -> list[tuple[Request, str]]:
+        """One decode step for every running slot; finished requests leave their slots and are returned."""
         table = self._table
         with self._cond:
             params = self._params
         tokens, logprobs, self._cache = decode_and_sample(params, self.config, self._cache, table.pending_tokens,
                                                           table.active, table.temperature, table.top_p, table.seeds)
         tokens, logprobs = jax.device_get((tokens, logprobs))
+        finished = []
         for slot, request in table.occupied():
             finish_reason = request.record(int(tokens[slot]), float(logprobs[slot]), self.max_len)
             if finish_reason:
                 table.release(slot)
-                request.deliver(request.generation(finish_reason))
+                finished.append((request, finish_reason))
             else:
                 table.pending_tokens[slot] = tokens[slot]
+        return finished
 
     def _prefill(self, slot: int, ids: np.ndarray, mask: np.ndarray, temperature: float, top_p: float,
                  seed: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -241,11 +245,14 @@ class JaxEngine:
             self._snapshot = EngineCapacity(self.slots * self.max_len, self._table.live_tokens(),
                                             self._table.running, len(self._waiting))
 
-    def _shut_down(self, reason: str) -> None:
-        """Mark the engine down and fail every request it still holds (running or waiting) with `reason`."""
+    def _shut_down(self, reason: str, admitted: list[Request]) -> None:
+        """Mark the engine down; fail with `reason` every request it still holds: running, waiting or `admitted`.
+
+        A request already settled ignores the failure (`Request.deliver` settles a future once).
+        """
         with self._cond:
             self._failure = reason
-            pending = [request for _, request in self._table.occupied()] + list(self._waiting)
+            pending = [request for _, request in self._table.occupied()] + list(self._waiting) + admitted
             self._waiting.clear()
             for slot, _ in self._table.occupied():
                 self._table.release(slot)
