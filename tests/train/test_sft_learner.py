@@ -1,0 +1,168 @@
+"""The SFT learner core: masked NLL by hand, batching, the schedule, and the jitted step against transformers."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import jax
+import numpy as np
+import pytest
+import torch
+import transformers
+
+from rstar_jax.model import ModelConfig, init_params, load_hf, save_hf
+from rstar_jax.parallel import make_mesh
+from rstar_jax.train.batching import TokenBatch, batch_indices, bucket_length, make_batch
+from rstar_jax.train.losses import LOSSES, get_loss, masked_nll, register_loss
+from rstar_jax.train.optim import adamw_optimizer
+from rstar_jax.train.sft import make_sft_step
+from rstar_jax.train.state import init_train_state, train_state_shardings
+
+CONFIG = ModelConfig(family="qwen3", vocab_size=96, hidden_size=32, intermediate_size=40, num_layers=2,
+                     num_heads=4, num_kv_heads=2, head_dim=8, max_position_embeddings=128)
+
+
+@dataclasses.dataclass(frozen=True)
+class Seq:
+    token_ids: tuple[int, ...]
+    loss_mask: tuple[int, ...]
+
+
+def _sequences(count: int, seed: int) -> list[Seq]:
+    """Rows of varied length: a prompt (mask 0), a trained reply, a context span (mask 0), a trained tail."""
+    rng = np.random.default_rng(seed)
+    rows = []
+    for _ in range(count):
+        parts = [(rng.integers(3, 9), 0), (rng.integers(2, 7), 1), (rng.integers(0, 5), 0), (rng.integers(1, 6), 1)]
+        mask = [m for length, m in parts for _ in range(length)]
+        rows.append(Seq(tuple(int(t) for t in rng.integers(1, CONFIG.vocab_size, len(mask))), tuple(mask)))
+    return rows
+
+
+def test_masked_nll_is_the_token_level_mean_over_masked_tokens() -> None:
+    logprobs = np.log(np.array([[0.5, 0.25, 0.9], [0.1, 0.2, 1.0]], np.float32))
+    mask = np.array([[1, 1, 0], [0, 1, 0]], np.int32)
+    expected = -(np.log(0.5) + np.log(0.25) + np.log(0.2)) / 3
+    assert float(masked_nll(logprobs, mask)) == pytest.approx(expected, rel=1e-6)
+    assert float(masked_nll(logprobs, np.zeros_like(mask))) == 0.0
+    with pytest.raises(ValueError, match="loss_mask shape"):
+        masked_nll(logprobs, mask[:, :2])
+
+
+def test_loss_registry_names_its_losses_and_refuses_duplicates() -> None:
+    assert get_loss("nll") is masked_nll and LOSSES["nll"] is masked_nll
+    with pytest.raises(ValueError, match="unknown loss 'grpo_typo'.*nll"):
+        get_loss("grpo_typo")
+    with pytest.raises(ValueError, match="already registered"):
+        register_loss("nll")(lambda logprobs, loss_mask: logprobs.sum())
+
+
+def test_bucket_length_powers_of_two_or_multiples() -> None:
+    assert [bucket_length(n) for n in (1, 16, 17, 100, 128, 129)] == [16, 16, 32, 128, 128, 256]
+    assert [bucket_length(n, multiple=64) for n in (1, 64, 65, 300)] == [64, 64, 128, 320]
+    with pytest.raises(ValueError, match="positive length"):
+        bucket_length(0)
+    with pytest.raises(ValueError, match="multiple"):
+        bucket_length(5, multiple=0)
+
+
+def test_make_batch_shifts_targets_and_aligns_the_loss_mask() -> None:
+    rows = [Seq((5, 6, 7, 8), (0, 0, 1, 1)), Seq((9, 10, 11), (0, 1, 0))]
+    batch = make_batch(rows, pad_id=0)
+    assert batch.shape == (2, 16)
+    np.testing.assert_array_equal(batch.input_ids[:, :4], [[5, 6, 7, 0], [9, 10, 0, 0]])
+    np.testing.assert_array_equal(batch.targets[:, :4], [[6, 7, 8, 0], [10, 11, 0, 0]])
+    np.testing.assert_array_equal(batch.attention_mask[:, :4], [[1, 1, 1, 0], [1, 1, 0, 0]])
+    np.testing.assert_array_equal(batch.loss_mask[:, :4], [[0, 1, 1, 0], [1, 0, 0, 0]])
+    assert not batch.attention_mask[:, 4:].any() and not batch.loss_mask[:, 4:].any()
+    with pytest.raises(ValueError, match="sequence 1 has 2 token ids but a loss mask of 1"):
+        make_batch([rows[0], Seq((1, 2), (1,))])
+    with pytest.raises(ValueError, match="at least 2"):
+        make_batch([Seq((1,), (1,))])
+    with pytest.raises(ValueError, match="other than 0 and 1"):
+        make_batch([Seq((1, 2), (0, 2))])
+
+
+def test_batch_indices_are_seeded_epoch_shuffles() -> None:
+    first_epoch = np.concatenate([batch_indices(step, 10, 5, seed=3) for step in range(2)])
+    assert sorted(first_epoch) == list(range(10))
+    np.testing.assert_array_equal(batch_indices(1, 10, 5, seed=3), batch_indices(1, 10, 5, seed=3))
+    straddling = batch_indices(1, 7, 4, seed=3)  # positions 4..7: three of epoch 0, one of epoch 1
+    np.testing.assert_array_equal(straddling[:3], np.concatenate([batch_indices(0, 7, 4, 3), straddling])[4:7])
+    assert not np.array_equal(batch_indices(0, 10, 10, seed=3), batch_indices(0, 10, 10, seed=4))
+
+
+def test_warmup_cosine_schedule_values() -> None:
+    _, schedule = adamw_optimizer(100, learning_rate=1e-3, warmup_fraction=0.1, end_fraction=0.1)
+    assert float(schedule(0)) == 0.0
+    assert float(schedule(5)) == pytest.approx(5e-4)
+    assert float(schedule(10)) == pytest.approx(1e-3)
+    assert float(schedule(55)) == pytest.approx(1e-4 + 0.5 * 9e-4, rel=1e-5)
+    assert float(schedule(100)) == pytest.approx(1e-4)
+    with pytest.raises(ValueError, match="warmup_fraction"):
+        adamw_optimizer(100, warmup_fraction=1.5)
+
+
+def _step_fn(mesh, params, batch_size: int, **optimizer_args):
+    optimizer, schedule = adamw_optimizer(50, **optimizer_args)
+    state = init_train_state(params, optimizer)
+    shardings = train_state_shardings(state, mesh)
+    step = make_sft_step(CONFIG, optimizer, schedule, mesh, shardings, batch_size)
+    return jax.device_put(state, shardings), step
+
+
+def test_step_loss_equals_torch_cross_entropy_of_the_transformers_model(tmp_path: Path) -> None:
+    save_hf((CONFIG, init_params(CONFIG, jax.random.key(1))), tmp_path)
+    params = load_hf(tmp_path).params
+    reference = transformers.AutoModelForCausalLM.from_pretrained(tmp_path, dtype=torch.float32).eval()
+    rows = _sequences(4, seed=0)
+    batch = make_batch(rows)
+
+    total, count = 0.0, 0
+    for row in rows:  # one unpadded row at a time: no padding convention shared with the code under test
+        ids = torch.tensor([row.token_ids])
+        with torch.no_grad():
+            logits = reference(ids).logits[0, :-1].double()
+        nll = torch.nn.functional.cross_entropy(logits, ids[0, 1:], reduction="none").numpy()
+        mask = np.asarray(row.loss_mask[1:], bool)
+        total, count = total + nll[mask].sum(), count + mask.sum()
+
+    state, step = _step_fn(make_mesh(devices=jax.devices()[:1]), params, 4)
+    _, metrics = step(state, batch)
+    assert float(metrics["loss"]) == pytest.approx(total / count, abs=1e-5)
+    assert int(metrics["trained_tokens"]) == count
+
+
+def test_overfitting_one_batch_drives_the_loss_down() -> None:
+    batch = make_batch(_sequences(4, seed=1))
+    state, step = _step_fn(make_mesh(devices=jax.devices()[:1]), init_params(CONFIG, jax.random.key(0)), 4,
+                           learning_rate=1e-2, warmup_fraction=0.0, end_fraction=1.0)
+    losses = []
+    for _ in range(30):
+        state, metrics = step(state, batch)
+        losses.append(float(metrics["loss"]))
+    assert int(state.step) == 30
+    assert losses[-1] < 0.2 * losses[0], losses
+    assert losses[0] == pytest.approx(np.log(CONFIG.vocab_size), rel=0.1)  # random init: about uniform
+
+
+def test_sharded_step_equals_single_device_step() -> None:
+    assert jax.device_count() == 8
+    params = init_params(CONFIG, jax.random.key(2))
+    batches = [make_batch(rows) for rows in (_sequences(8, seed=2), _sequences(8, seed=3))]
+    results = {}
+    for name, mesh in {"one": make_mesh(devices=jax.devices()[:1]),
+                       "eight": make_mesh(data=2, fsdp=2, tensor=2)}.items():
+        state, step = _step_fn(mesh, jax.tree_util.tree_map(np.asarray, params), 8, learning_rate=1e-3)
+        losses = []
+        for batch in batches:
+            state, metrics = step(state, batch)
+            losses.append(float(metrics["loss"]))
+        results[name] = (losses, state)
+    (one_losses, one_state), (eight_losses, eight_state) = results["one"], results["eight"]
+    np.testing.assert_allclose(eight_losses, one_losses, atol=1e-5)
+    embedding = eight_state.params["embed"]["embedding"]
+    assert len(embedding.sharding.device_set) == 8 and embedding.addressable_shards[0].data.size < embedding.size
+    for a, b in zip(jax.tree_util.tree_leaves(one_state.params), jax.tree_util.tree_leaves(eight_state.params)):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-5)
