@@ -74,8 +74,18 @@ def _jsonl_parser_for(path: pathlib.Path) -> loaders.RowParser:
     return loaders.parse_qwen_math_row
 
 
+_SPLIT_NAMES = frozenset({"test", "train", "dev", "validation"})
+
+
+def _source_name(path: pathlib.Path) -> str:
+    """A data set's name from its path: the file's stem, or its folder's name for split files like test.jsonl."""
+    if path.is_dir():
+        return path.name
+    return path.parent.name if path.stem in _SPLIT_NAMES else path.stem
+
+
 def _load_path(path: pathlib.Path) -> LoadedProblems:
-    source = path.stem if path.is_file() else path.name
+    source = _source_name(path)
     if path.is_dir():
         return loaders.load_matharena(path, source)
     if path.suffix == ".jsonl":

@@ -133,6 +133,13 @@ def test_json_list_loader(tmp_path: pathlib.Path) -> None:
     assert dict(loaded.skipped.by_reason) == {"empty answer": 1, "row is not an object": 1}
 
 
+def test_paths_load_like_names_with_the_folder_as_source_for_split_files() -> None:
+    by_path = load_problems(shared_data_dir() / "eval" / "math500" / "test.jsonl")
+    assert by_path.problems == load_problems("math500").problems
+    assert load_problems(shared_data_dir() / "eval" / "gsm8k" / "test.jsonl").problems[0].answer == "18"
+    assert load_problems(shared_data_dir() / "eval" / "hmmt25").problems == load_problems("hmmt25").problems
+
+
 def test_data_dir_can_be_overridden(tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> None:
     (tmp_path / "eval" / "aime24").mkdir(parents=True)
     (tmp_path / "eval" / "aime24" / "test.jsonl").write_text(json.dumps({"id": 9, "problem": "P", "answer": "3"}))
