@@ -126,10 +126,10 @@ def test_matharena_rows_without_a_problem_file_are_skipped(tmp_path: pathlib.Pat
 
 
 def test_json_list_loader(tmp_path: pathlib.Path) -> None:
-    path = tmp_path / "train.json"
+    path = tmp_path / "mathset.json"
     path.write_text(json.dumps([{"problem": "P", "answer": "1"}, {"problem": "Q", "answer": None}, "junk"]))
     loaded = load_problems(path)
-    assert [p.id for p in loaded.problems] == ["train/0"]
+    assert [p.id for p in loaded.problems] == ["mathset/0"]
     assert dict(loaded.skipped.by_reason) == {"empty answer": 1, "row is not an object": 1}
 
 
