@@ -56,7 +56,7 @@ class SandboxConfig:
     max_open_files: int = 256
     max_file_size_mb: int = 32
     tmpfs_size_mb: int = 64
-    output_cap_bytes: int = 256 * 1024
+    output_cap_bytes: int = 64 * 1024  # per stream; SPEC 2: tool responses keep ~1,000 characters anyway
     max_code_bytes: int = 256 * 1024
     max_stdin_bytes: int = 4 * 1024 * 1024
     uid_base: int = 62_000

@@ -19,6 +19,7 @@ WRITABLE_TEMP_DIRS = ("/tmp", "/dev/shm", "/var/tmp")
 _HIDDEN_DIRS = ("/run",)
 _NAMESPACES = linux.CLONE_NEWNS | linux.CLONE_NEWNET | linux.CLONE_NEWIPC | linux.CLONE_NEWUTS | linux.CLONE_NEWPID
 _STAGING = "/tmp/.sandbox-staging"
+_TMPFS_INODES = 16384  # bounds how many files a call can leave for the wipe
 
 
 def enter_namespaces() -> None:
@@ -86,7 +87,8 @@ def build_file_system_view(expose: list[str], tmpfs_size_mb: int) -> None:
     for directory in WRITABLE_TEMP_DIRS:
         if os.path.isdir(directory):
             linux.mount(
-                "tmpfs", directory, "tmpfs", linux.MS_NOSUID | linux.MS_NODEV, f"mode=1777,size={tmpfs_size_mb}m"
+                "tmpfs", directory, "tmpfs", linux.MS_NOSUID | linux.MS_NODEV,
+                f"mode=1777,size={tmpfs_size_mb}m,nr_inodes={_TMPFS_INODES}",
             )
     for directory in _HIDDEN_DIRS:
         if os.path.isdir(directory) and not os.path.islink(directory):
@@ -135,6 +137,12 @@ def attach_standard_fds(stdin_fd: int, stdout_fd: int, stderr_fd: int) -> None:
     for target, source in ((0, stdin_fd), (1, stdout_fd), (2, stderr_fd)):
         os.dup2(source, target)
     os.closerange(3, resource.getrlimit(resource.RLIMIT_NOFILE)[0])
+
+
+def enter_private_ipc() -> None:
+    """Give the call its own System V IPC and POSIX message-queue namespace; it dies with the call's processes,
+    so no shared-memory segment or semaphore outlives the call (cheap, unlike a per-call network namespace)."""
+    linux.unshare(linux.CLONE_NEWIPC)
 
 
 def drop_privileges(uid: int) -> None:

@@ -239,7 +239,8 @@ class WorkerPool:
             job = self.queue.get_nowait()
             self.queue.task_done()
             if not job.future.done():
-                job.future.set_result(ToolResult.failure(Status.KILLED, "[sandbox] server shut down before the call ran"))
+                reason = "[sandbox] server shut down before the call ran"
+                job.future.set_result(ToolResult.failure(Status.KILLED, reason))
 
     async def close(self) -> None:
         """Stop slot tasks and zygotes (answering any call still running), then remove the cgroups."""

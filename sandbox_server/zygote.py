@@ -82,7 +82,9 @@ def _reseed_random_state() -> None:
         sys.modules["numpy"].random.seed()
 
 
-def _run_child(code: str, fds: tuple[int, int, int], limits: confinement.CallLimits, settings: ZygoteSettings) -> NoReturn:
+def _run_child(
+    code: str, fds: tuple[int, int, int], limits: confinement.CallLimits, settings: ZygoteSettings
+) -> NoReturn:
     """Body of the forked call process: confine, then run the snippet; never returns."""
     exit_code = 1
     try:
@@ -91,6 +93,8 @@ def _run_child(code: str, fds: tuple[int, int, int], limits: confinement.CallLim
         confinement.prefer_for_oom_kill()
         confinement.attach_standard_fds(*fds)
         confinement.apply_rlimits(limits)
+        if settings.isolate:
+            confinement.enter_private_ipc()
         if os.geteuid() == 0:
             confinement.drop_privileges(settings.uid)
         else:

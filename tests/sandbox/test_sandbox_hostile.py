@@ -66,7 +66,9 @@ HOSTILE = {
         {"timeout"},
         "",
     ),
-    "100 MB of output": ("import sys\nfor _ in range(100):\n    sys.stdout.write('z' * 2**20)", {}, {"output_truncated"}, ""),
+    "100 MB of output": (
+        "import sys\nfor _ in range(100):\n    sys.stdout.write('z' * 2**20)", {}, {"output_truncated"}, ""
+    ),
     "write to /etc": ("open('/etc/passwd', 'a').write('evil::0:0::/:/bin/sh')", {}, {"error"}, "PermissionError"),
     "write to the repo": (f"open({os.path.abspath(__file__)!r}, 'a').write('# pwned')", {}, {"error"}, "Error"),
     "read /etc/shadow": ("print(open('/etc/shadow').read())", {}, {"error"}, "PermissionError"),
@@ -145,6 +147,25 @@ def test_no_secret_reaches_the_snippet(sandbox):
         "print(os.listdir('/root'))"
     )
     assert run(sandbox, code)["stdout"] == "False False\n['.pyenv']\n"
+
+
+def test_ipc_objects_and_many_files_do_not_outlive_the_call(sandbox):
+    make = (
+        "import ctypes, os\n"
+        "libc = ctypes.CDLL(None, use_errno=True)\n"
+        "print(libc.shmget(0x5EED, 1 << 20, 0o1000 | 0o666) >= 0)\n"  # IPC_CREAT
+        "n = 0\n"
+        "try:\n"
+        "    while True:\n"
+        "        open(f'/tmp/f{n}', 'w').close(); n += 1\n"
+        "except OSError as exc:\n"
+        "    print(exc.errno == 28, n < 20000)"  # ENOSPC: the tmpfs inode bound
+    )
+    assert run(sandbox, make)["stdout"] == "True\nTrue True\n"
+    for _ in range(4):
+        check = "import os\nprint(open('/proc/sysvipc/shm').read().count('\\n'), os.listdir('/tmp'))"
+        assert run(sandbox, check)["stdout"] == "1 []\n"  # only the header line
+    _assert_server_still_fine(sandbox)
 
 
 def test_host_loopback_port_is_unreachable(sandbox):

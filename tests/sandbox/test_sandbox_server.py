@@ -49,7 +49,7 @@ def test_each_status(sandbox, code, fields, status, exit_code, stderr_part):
 
 def test_output_is_kept_up_to_the_cap(sandbox):
     body = run(sandbox, "print('y' * 10**7)")
-    assert body["stdout"] == "y" * 256 * 1024
+    assert body["stdout"] == "y" * 64 * 1024
 
 
 def test_timeout_is_measured_against_the_request(sandbox):
