@@ -1,0 +1,183 @@
+"""The vLLM fleet's pure parts and error paths, without a running server: /metrics parsing (on text a vLLM 0.32 CPU
+server produced), completion replies, the sync file against save_hf's tensors, the server command and environment,
+and clear errors for bad input; plus a real server start that fails on a bad flag."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from pathlib import Path
+
+import gin
+import jax
+import numpy as np
+import pytest
+from safetensors import safe_open
+
+from rstar_jax.model import ModelConfig, init_params, save_hf
+from rstar_jax.rollout.engine import FINISH_LENGTH, EngineUnavailable, SamplingParams
+from rstar_jax.rollout.vllm_engine import VLLMServerEngine, generation_from_completion
+from rstar_jax.rollout.vllm_fleet import VLLMFleet, make_fleet, measure_weight_sync
+from rstar_jax.rollout.vllm_metrics import capacity_from_metrics, kv_tokens_per_engine
+from rstar_jax.rollout.vllm_server import free_port, server_command, server_env, start_server, wait_healthy
+from rstar_jax.rollout.vllm_weight_sync import push_weights_file, write_sync_file
+from rstar_jax.rollout.vllm_worker_extension import EXTENSION_QUALNAME
+
+CACHE_INFO = ('vllm:cache_config_info{block_size="128",cache_dtype="auto",enable_prefix_caching="True",engine="{e}",'
+              'gpu_memory_utilization="0.92",kv_cache_memory_bytes="1073741824",kv_cache_size_tokens="524288",'
+              'model_name="policy",num_cpu_blocks="None",num_gpu_blocks="4096"}} 1.0')
+
+
+def metrics_text(engines: dict[str, tuple[float, int, int]]) -> str:
+    """/metrics in vLLM 0.32's layout; per engine label: (kv usage fraction, running, waiting)."""
+    lines = ["# HELP vllm:num_requests_running Number of requests in model execution batches.",
+             "# TYPE vllm:num_requests_running gauge"]
+    lines += [f'vllm:num_requests_running{{engine="{e}",model_name="policy"}} {r}.0' for e, (_, r, _) in engines.items()]
+    lines += ["# HELP vllm:num_requests_waiting Number of requests waiting to be processed.",
+              "# TYPE vllm:num_requests_waiting gauge"]
+    lines += [f'vllm:num_requests_waiting{{engine="{e}",model_name="policy"}} {w}.0' for e, (_, _, w) in engines.items()]
+    lines += ["# HELP vllm:kv_cache_usage_perc KV-cache usage. 1 means 100 percent usage.",
+              "# TYPE vllm:kv_cache_usage_perc gauge"]
+    lines += [f'vllm:kv_cache_usage_perc{{engine="{e}",model_name="policy"}} {u}' for e, (u, _, _) in engines.items()]
+    lines += ["# HELP vllm:cache_config_info Information of the LLMEngine CacheConfig",
+              "# TYPE vllm:cache_config_info gauge"]
+    lines += [CACHE_INFO.replace("{e}", e).replace("}}", "}") for e in engines]
+    return "\n".join(lines) + "\n"
+
+
+def test_capacity_from_one_engines_gauges():
+    capacity = capacity_from_metrics(metrics_text({"0": (0.25, 3, 2)}))
+    assert (capacity.kv_tokens_total, capacity.kv_tokens_used) == (524_288, 131_072)
+    assert (capacity.requests_running, capacity.requests_waiting, capacity.kv_tokens_free) == (3, 2, 393_216)
+
+
+def test_capacity_sums_the_engines_of_a_data_parallel_server():
+    capacity = capacity_from_metrics(metrics_text({"0": (0.5, 1, 0), "1": (0.125, 2, 4)}))
+    assert capacity.kv_tokens_total == 2 * 524_288
+    assert capacity.kv_tokens_used == 262_144 + 65_536
+    assert (capacity.requests_running, capacity.requests_waiting) == (3, 4)
+
+
+def test_kv_size_falls_back_to_blocks_times_block_size():
+    assert kv_tokens_per_engine({"num_gpu_blocks": "100", "block_size": "16", "kv_cache_size_tokens": "None"}) == 1600
+    with pytest.raises(ValueError, match="num_gpu_blocks"):
+        kv_tokens_per_engine({"block_size": "16"})
+
+
+def test_missing_gauge_is_named():
+    text = "\n".join(line for line in metrics_text({"0": (0.0, 0, 0)}).splitlines() if "waiting" not in line)
+    with pytest.raises(ValueError, match="vllm:num_requests_waiting"):
+        capacity_from_metrics(text)
+
+
+REPLY = {"choices": [{"index": 0, "text": " standard wil", "finish_reason": "length", "token_ids": [374, 654],
+                      "logprobs": {"token_logprobs": [-7.17, -6.79], "tokens": [" standard", " wil"]}}]}
+
+
+def test_completion_reply_becomes_a_generation():
+    generation = generation_from_completion(REPLY)
+    assert generation.token_ids == (374, 654) and generation.logprobs == (-7.17, -6.79)
+    assert generation.finish_reason == FINISH_LENGTH
+
+
+def test_an_aborted_request_is_engine_unavailable():
+    aborted = {"choices": [{**REPLY["choices"][0], "finish_reason": "abort"}]}
+    with pytest.raises(EngineUnavailable, match="abort"):
+        generation_from_completion(aborted, "http://h:1")
+
+
+def test_nothing_listening_is_engine_unavailable():
+    engine = VLLMServerEngine(f"http://127.0.0.1:{free_port()}")
+
+    async def calls():
+        try:
+            with pytest.raises(EngineUnavailable):
+                await engine.generate([1, 2], SamplingParams(max_new_tokens=2))
+            with pytest.raises(EngineUnavailable):
+                await engine.capacity()
+        finally:
+            await engine.aclose()
+
+    asyncio.run(calls())
+
+
+def test_bad_engine_input_is_named():
+    with pytest.raises(ValueError, match="http://"):
+        VLLMServerEngine("localhost:8000")
+    engine = VLLMServerEngine("http://127.0.0.1:1")
+    with pytest.raises(ValueError, match="model_config"):
+        asyncio.run(engine.update_weights({}, 1))
+    with pytest.raises(ValueError, match="empty"):
+        asyncio.run(engine.generate([], SamplingParams()))
+    with pytest.raises(ValueError, match="at least 2"):
+        asyncio.run(engine.score([5]))
+    with pytest.raises(ValueError, match="pause_mode"):
+        asyncio.run(push_weights_file(None, "http://127.0.0.1:1", "/tmp/x", pause_mode="later"))  # type: ignore[arg-type]
+
+
+def test_bad_fleet_input_is_named():
+    with pytest.raises(ValueError, match="at least one engine"):
+        VLLMFleet([])
+    with pytest.raises(ValueError, match="not both"):
+        make_fleet(model_dir="/m", urls=["http://a:1"])
+    with pytest.raises(ValueError, match="model_dir"):
+        make_fleet()
+    fleet = make_fleet(urls=["http://127.0.0.1:1", "http://127.0.0.1:2"])
+    assert [engine.url for engine in fleet.engines] == ["http://127.0.0.1:1", "http://127.0.0.1:2"]
+    with pytest.raises(ValueError, match="model_config"):
+        asyncio.run(fleet.update_weights({}, 1))
+    with pytest.raises(ValueError, match="repeats"):
+        asyncio.run(measure_weight_sync(fleet, {}, repeats=0))
+
+
+SMALL = ModelConfig(family="qwen3", vocab_size=64, hidden_size=32, intermediate_size=48, num_layers=2, num_heads=2,
+                    num_kv_heads=1, head_dim=32, tie_word_embeddings=True)
+
+
+@pytest.mark.parametrize("tied", [True, False])
+def test_sync_file_holds_exactly_the_hf_checkpoint_tensors(tmp_path, tied):
+    config = dataclasses.replace(SMALL, tie_word_embeddings=tied)
+    params = init_params(config, jax.random.key(1))
+    save_hf((config, params), tmp_path / "hf")
+    sync_file = write_sync_file(config, params, version=4, directory=tmp_path / "sync")
+    assert sync_file.path.name.endswith("-v4.safetensors") and list((tmp_path / "sync").iterdir()) == [sync_file.path]
+    with safe_open(sync_file.path, "np") as synced, safe_open(tmp_path / "hf" / "model.safetensors", "np") as saved:
+        assert set(synced.keys()) == set(saved.keys())
+        assert ("lm_head.weight" in synced.keys()) == (not tied)
+        for name in saved.keys():
+            np.testing.assert_array_equal(synced.get_tensor(name), saved.get_tensor(name))
+        assert synced.metadata()["version"] == "4"
+    n_params = sum(leaf.size for leaf in jax.tree_util.tree_leaves(params))
+    assert sync_file.nbytes == 4 * n_params and sync_file.megabytes == 4 * n_params / 1e6
+
+
+def test_server_command_and_environment(tmp_path):
+    command = server_command(tmp_path, 8123)
+    assert command[command.index("--worker-extension-cls") + 1] == EXTENSION_QUALNAME
+    assert command[command.index("--logprobs-mode") + 1] == "raw_logprobs"
+    assert command[command.index("--port") + 1] == "8123" and command[command.index("--host") + 1] == "127.0.0.1"
+    try:
+        gin.parse_config(["server_command.extra_args = ['--tensor-parallel-size', '2']",
+                          "server_env.extra_env = {'VLLM_CPU_KVCACHE_SPACE': '1'}"])
+        assert server_command(tmp_path, 8123)[-2:] == ["--tensor-parallel-size", "2"]
+        env = server_env()
+    finally:
+        gin.clear_config()
+    assert env["VLLM_SERVER_DEV_MODE"] == "1" and env["VLLM_CPU_KVCACHE_SPACE"] == "1"
+    module_root = EXTENSION_QUALNAME.split(".")[0]
+    assert any((Path(entry) / module_root).is_dir() for entry in env["PYTHONPATH"].split(":"))
+
+
+def test_start_server_needs_a_model_folder(tmp_path):
+    with pytest.raises(FileNotFoundError, match="config.json"):
+        start_server(tmp_path)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_a_server_that_fails_to_start_reports_its_log(tmp_path):
+    (tmp_path / "config.json").write_text("{}")
+    server = start_server(tmp_path, log_dir=tmp_path / "logs", extra_args=["--no-such-flag"])
+    with pytest.raises(RuntimeError, match="no-such-flag"):
+        wait_healthy(server, startup_timeout_s=240)
+    assert server.process.poll() is not None
