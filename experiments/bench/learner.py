@@ -190,7 +190,8 @@ def run_benchmark(config: ModelConfig, batch: int, seq: int, warmup: int, iters:
         "loss_abs_difference": abs(jax_summary["loss"] - torch_summary["loss"]),
         "environment": {"jax": jax.__version__, "torch": torch.__version__, "transformers": transformers.__version__,
                         "jax_backend": jax.default_backend(), "cpu_count": os.cpu_count(),
-                        "machine": platform.machine(), "python": platform.python_version()},
+                        "machine": platform.machine(), "python": platform.python_version(),
+                        "load_average_1m_at_end": os.getloadavg()[0]},
     }
 
 
@@ -221,6 +222,8 @@ def format_table(result: dict[str, Any]) -> str:
         f"jax / torch tokens/s: {result['jax_over_torch_tokens_per_s']:.2f}x   "
         f"jax compile + first step: {result['jax']['compile_and_first_step_s']:.1f} s   "
         f"|loss jax - loss torch|: {result['loss_abs_difference']:.2e}",
+        f"machine: {result['environment']['cpu_count']} cores, 1-minute load average at the end "
+        f"{result['environment']['load_average_1m_at_end']:.1f}",
     ]
     return "\n".join(lines)
 
