@@ -20,7 +20,9 @@ class SolveStats:
 
     def __post_init__(self) -> None:
         if not 0 <= self.solved <= self.attempts:
-            raise ValueError(f"SolveStats needs 0 <= solved <= attempts, got solved={self.solved}, attempts={self.attempts}")
+            raise ValueError(
+                f"SolveStats needs 0 <= solved <= attempts, got solved={self.solved}, attempts={self.attempts}"
+            )
 
 
 def solve_stats(problem_ids: Iterable[str], rewards: Iterable[float]) -> dict[str, SolveStats]:
@@ -32,7 +34,9 @@ def solve_stats(problem_ids: Iterable[str], rewards: Iterable[float]) -> dict[st
         raise ValueError(f"solve_stats got {len(ids)} problem ids but {len(values)} rewards")
     for problem_id, reward in zip(ids, values):
         if reward not in (0, 1):
-            raise ValueError(f"solve_stats: reward {reward!r} for {problem_id!r} is not binary (SPEC 3 rewards are 0/1)")
+            raise ValueError(
+                f"solve_stats: reward {reward!r} for {problem_id!r} is not binary (SPEC 3 rewards are 0/1)"
+            )
         attempts[problem_id] = attempts.get(problem_id, 0) + 1
         solved[problem_id] = solved.get(problem_id, 0) + int(reward)
     return {problem_id: SolveStats(solved[problem_id], attempts[problem_id]) for problem_id in attempts}

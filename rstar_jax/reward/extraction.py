@@ -44,7 +44,7 @@ def _box_argument(text: str, command_end: int) -> str | None:
 
 
 def last_boxed(text: str) -> str | None:
-    """The argument of the last `\\boxed`/`\\fbox` in `text` (stripped), or None when there is none or it is malformed."""
+    """The argument of the last `\\boxed`/`\\fbox` in `text` (stripped); None when there is none or it is malformed."""
     matches = list(_BOX_COMMAND.finditer(text))
     if not matches:
         return None

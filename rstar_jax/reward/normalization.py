@@ -1,8 +1,8 @@
 """Rewriting an answer string into a canonical form before comparison (SPEC 3: "normalised").
 
 Only presentation is removed: display commands, spacing, units in `\\text{}`, degree and percent signs, thousands
-separators, `x =` before a value, "and"/"or" between listed values. Two answers with equal normal forms are equal; different normal forms go on to the
-math-verify and sympy checkers, which decide mathematical equivalence.
+separators, `x =` before a value, "and"/"or" between listed values. Two answers with equal normal forms are equal;
+different normal forms go on to the math-verify and sympy checkers, which decide mathematical equivalence.
 """
 
 from __future__ import annotations

@@ -90,7 +90,9 @@ class VerifierPool:
     def _start_worker(self) -> _Worker:
         parent_end, child_end = self._context.Pipe(duplex=True)
         process = self._context.Process(
-            target=worker_module.run_worker, args=(child_end, self._memory_limit_bytes, self._max_answer_chars), daemon=True
+            target=worker_module.run_worker,
+            args=(child_end, self._memory_limit_bytes, self._max_answer_chars),
+            daemon=True,
         )
         process.start()
         child_end.close()

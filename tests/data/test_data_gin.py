@@ -22,7 +22,9 @@ def clean_gin():
 
 
 def test_gin_file_binds_pipeline_and_pool(clean_gin) -> None:
-    gin.parse_config_files_and_bindings([str(GIN_FILE)], ["prompt_batches.batch_size = 3", "VerifierPool.num_workers = 1"])
+    gin.parse_config_files_and_bindings(
+        [str(GIN_FILE)], ["prompt_batches.batch_size = 3", "VerifierPool.num_workers = 1"]
+    )
     problems = [Problem(f"t/{i}", "q", str(i), "t") for i in range(7)]
     assert [len(batch) for batch in prompt_batches(problems)] == [3, 3, 1]
     with VerifierPool() as pool:

@@ -43,7 +43,11 @@ def test_skipped_rows_are_counted_by_reason() -> None:
         ("aime25", 0, Problem("aime25/aime_2025_I/1", "", "70", "aime25")),
         ("aime25", 15, Problem("aime25/aime_2025_II/1", "", "468", "aime25")),
         ("hmmt25", 2, Problem("hmmt25/3", "", "\\frac{1}{576}", "hmmt25")),
-        ("math500", 0, Problem("math500/test/precalculus/807.json", "", "\\left( 3, \\frac{\\pi}{2} \\right)", "math500")),
+        (
+            "math500",
+            0,
+            Problem("math500/test/precalculus/807.json", "", "\\left( 3, \\frac{\\pi}{2} \\right)", "math500"),
+        ),
         ("gsm8k", 0, Problem("gsm8k/0", "", "18", "gsm8k")),
         ("math_train", 0, Problem("math_train/0", "", "0", "math_train")),
     ],

@@ -115,7 +115,15 @@ def test_each_checker(answer: str, reference: str, math_verify: bool, sympy: boo
 
 
 @pytest.mark.parametrize(
-    ("answer", "text"), [("Evelyn", True), ("two lines", True), ("\\sqrt{2}", False), ("sqrt(2)/2", False), ("ad+bc", False), ("\\begin{pmatrix}1\\\\2\\end{pmatrix}", False)]
+    ("answer", "text"),
+    [
+        ("Evelyn", True),
+        ("two lines", True),
+        ("\\sqrt{2}", False),
+        ("sqrt(2)/2", False),
+        ("ad+bc", False),
+        ("\\begin{pmatrix}1\\\\2\\end{pmatrix}", False),
+    ],
 )
 def test_is_text_answer(answer: str, text: bool) -> None:
     assert is_text_answer(answer) is text

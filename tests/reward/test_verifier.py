@@ -91,7 +91,12 @@ CASES: list[tuple[str, str, str, bool]] = [
     ("tuple", boxed("(\\frac{\\pi}{2}, 3)"), "\\left( 3, \\frac{\\pi}{2} \\right)", False),
     ("tuple", boxed("(1, -2)"), "(1,-2)", True),
     ("tuple", boxed("(1, 2)"), "(1,-2)", False),
-    ("list", boxed("\\frac{-1-\\sqrt{17}}{2}, \\frac{-1+\\sqrt{17}}{2}"), "\\frac{-1+\\sqrt{17}}{2}, \\frac{-1-\\sqrt{17}}{2}", True),
+    (
+        "list",
+        boxed("\\frac{-1-\\sqrt{17}}{2}, \\frac{-1+\\sqrt{17}}{2}"),
+        "\\frac{-1+\\sqrt{17}}{2}, \\frac{-1-\\sqrt{17}}{2}",
+        True,
+    ),
     # roots and pi
     ("root", boxed("2\\sqrt{2}"), "\\sqrt{8}", True),
     ("root", boxed("\\sqrt{2}/2"), "\\frac{\\sqrt{2}}{2}", True),
@@ -138,7 +143,9 @@ CASES: list[tuple[str, str, str, bool]] = [
 ]
 
 
-@pytest.mark.parametrize(("kind", "response", "reference", "expected"), CASES, ids=[f"{c[0]}-{i}" for i, c in enumerate(CASES)])
+@pytest.mark.parametrize(
+    ("kind", "response", "reference", "expected"), CASES, ids=[f"{c[0]}-{i}" for i, c in enumerate(CASES)]
+)
 def test_verify_case(kind: str, response: str, reference: str, expected: bool) -> None:
     assert verify(response, reference) is expected
 
