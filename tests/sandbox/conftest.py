@@ -6,11 +6,11 @@ from collections.abc import Iterator
 
 import pytest
 
-from sandbox_http import SERVER_SECRET
+from sandbox_http import SERVER_SECRET, SERVER_UID_BASE
 
 from sandbox_server.launcher import ServerProcess, start_server
 
-SERVER_ARGS = ("--workers", "4", "--default-timeout-s", "5", "--max-queue", "5000")
+SERVER_ARGS = ("--workers", "4", "--default-timeout-s", "5", "--max-queue", "5000", "--uid-base", str(SERVER_UID_BASE))
 
 
 @pytest.fixture(scope="session")

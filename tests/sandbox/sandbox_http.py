@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import urllib.error
 import urllib.request
 from typing import Any
@@ -10,6 +11,9 @@ from typing import Any
 from sandbox_server.launcher import ServerProcess
 
 SERVER_SECRET = ("RSTAR_SANDBOX_TEST_SECRET", "do-not-leak-4f1c")  # put in the server's environment by conftest
+# uids of the session server's four slots: a range of its own, so other servers on the machine never overlap
+SERVER_UID_BASE = 40_000 + (os.getpid() % 2_000) * 8
+SERVER_UIDS = range(SERVER_UID_BASE, SERVER_UID_BASE + 4)
 
 def post(server: ServerProcess, path: str, body: Any) -> tuple[int, dict[str, Any]]:
     """POST JSON (or raw bytes) and return (HTTP status, decoded body), error statuses included."""

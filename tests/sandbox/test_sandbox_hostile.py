@@ -12,19 +12,16 @@ import tempfile
 import time
 
 import pytest
-from sandbox_http import SERVER_SECRET, run
+from sandbox_http import SERVER_SECRET, SERVER_UIDS, run
 
 pytestmark = pytest.mark.slow
-
-SLOT_UIDS = range(62000, 62004)
-
 
 def _host_processes_of_slot_uids() -> list[int]:
     found = []
     for entry in os.listdir("/proc"):
         if entry.isdigit():
             try:
-                if os.stat(f"/proc/{entry}").st_uid in SLOT_UIDS:
+                if os.stat(f"/proc/{entry}").st_uid in SERVER_UIDS:
                     found.append(int(entry))
             except FileNotFoundError:
                 pass

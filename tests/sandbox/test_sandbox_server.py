@@ -6,7 +6,7 @@ import statistics
 import urllib.request
 
 import pytest
-from sandbox_http import post, run
+from sandbox_http import SERVER_UIDS, post, run
 
 pytestmark = pytest.mark.slow
 
@@ -100,7 +100,7 @@ def test_isolation_identity_network_and_environment(sandbox):
     )
     lines = run(sandbox, probe)["stdout"].splitlines()
     uid = int(lines[0].split()[0])
-    assert uid >= 62000 and lines[0].endswith("[] sandbox") and lines[0].split()[1] == str(uid)
+    assert uid in SERVER_UIDS and lines[0].endswith("[] sandbox") and lines[0].split()[1] == str(uid)
     assert lines[1] == str(sorted([
         "BLIS_NUM_THREADS", "HOME", "LANG", "MKL_NUM_THREADS", "NUMEXPR_NUM_THREADS", "OMP_NUM_THREADS",
         "OPENBLAS_NUM_THREADS", "PATH", "PYTHONDONTWRITEBYTECODE", "VECLIB_MAXIMUM_THREADS",
