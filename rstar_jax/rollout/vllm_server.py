@@ -155,15 +155,25 @@ def wait_healthy(server: VLLMServer, startup_timeout_s: float = 900.0) -> VLLMSe
     return server
 
 
-def launch_servers(model_dir: str | os.PathLike, count: int, **start_options: Any) -> list[VLLMServer]:
-    """Start `count` servers on `model_dir` at once (`start_options` go to `start_server`) and wait for all;
-    on any failure every one is stopped."""
+@gin.configurable
+def launch_servers(model_dir: str | os.PathLike, count: int, per_server_env: Sequence[dict[str, str]] = (),
+                   **start_options: Any) -> list[VLLMServer]:
+    """Start `count` servers on `model_dir` at once and wait for all; on any failure every one is stopped.
+
+    `per_server_env[i]` is added to server i's environment, e.g. [{"CUDA_VISIBLE_DEVICES": "0"},
+    {"CUDA_VISIBLE_DEVICES": "1"}] to give each server of a GPU node its own device. `start_options` go to
+    `start_server`.
+    """
     if count < 1:
         raise ValueError(f"count must be >= 1, got {count}")
+    if per_server_env and len(per_server_env) != count:
+        raise ValueError(f"per_server_env has {len(per_server_env)} entries for {count} servers")
+    shared_env = start_options.pop("extra_env", None) or {}
     servers: list[VLLMServer] = []
     try:
-        for _ in range(count):
-            servers.append(start_server(model_dir, **start_options))
+        for index in range(count):
+            env = {**shared_env, **(per_server_env[index] if per_server_env else {})}
+            servers.append(start_server(model_dir, extra_env=env, **start_options))
         for server in servers:
             wait_healthy(server)
     except BaseException:

@@ -15,11 +15,18 @@ import pytest
 from safetensors import safe_open
 
 from rstar_jax.model import ModelConfig, init_params, save_hf
-from rstar_jax.rollout.engine import FINISH_LENGTH, EngineUnavailable, SamplingParams
+from rstar_jax.rollout.engine import FINISH_LENGTH, EngineUnavailable, GenerationEngine, SamplingParams
 from rstar_jax.rollout.vllm_engine import VLLMServerEngine, generation_from_completion
 from rstar_jax.rollout.vllm_fleet import VLLMFleet, make_fleet, measure_weight_sync
 from rstar_jax.rollout.vllm_metrics import capacity_from_metrics, kv_tokens_per_engine
-from rstar_jax.rollout.vllm_server import free_port, server_command, server_env, start_server, wait_healthy
+from rstar_jax.rollout.vllm_server import (
+    free_port,
+    launch_servers,
+    server_command,
+    server_env,
+    start_server,
+    wait_healthy,
+)
 from rstar_jax.rollout.vllm_weight_sync import push_weights_file, write_sync_file
 from rstar_jax.rollout.vllm_worker_extension import EXTENSION_QUALNAME
 
@@ -181,3 +188,33 @@ def test_a_server_that_fails_to_start_reports_its_log(tmp_path):
     with pytest.raises(RuntimeError, match="no-such-flag"):
         wait_healthy(server, startup_timeout_s=240)
     assert server.process.poll() is not None
+
+
+def test_the_engine_implements_the_generation_engine_protocol():
+    assert isinstance(VLLMServerEngine("http://127.0.0.1:1"), GenerationEngine)
+
+
+def test_launch_servers_checks_its_arguments(tmp_path):
+    with pytest.raises(ValueError, match="count"):
+        launch_servers(tmp_path, 0)
+    with pytest.raises(ValueError, match="per_server_env has 1 entries for 2 servers"):
+        launch_servers(tmp_path, 2, per_server_env=[{"CUDA_VISIBLE_DEVICES": "0"}])
+
+
+def test_a_fleet_sync_names_the_unreachable_servers(tmp_path):
+    fleet = VLLMFleet.attach([f"http://127.0.0.1:{free_port()}", f"http://127.0.0.1:{free_port()}"], SMALL)
+    params = init_params(SMALL, jax.random.key(0))
+
+    async def sync():
+        try:
+            await fleet.update_weights(params, 3)
+        finally:
+            await fleet.aclose()
+
+    try:
+        gin.bind_parameter("default_sync_dir.sync_dir", str(tmp_path))
+        with pytest.raises(EngineUnavailable, match="failed on 2 of 2 server"):
+            asyncio.run(sync())
+    finally:
+        gin.clear_config()
+    assert list(tmp_path.iterdir()) == [], "the sync file is removed even when the sync fails"
