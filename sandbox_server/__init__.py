@@ -1,1 +1,12 @@
-"""rstar-jax's code-execution service: isolated warm-pool Python execution over HTTP, and its client (SPEC 2, 6)."""
+"""rstar-jax's code-execution service: isolated warm-pool Python execution over HTTP, and its client (SPEC 2, 6).
+
+Run a server:  `python -m sandbox_server --host 127.0.0.1 --port 8080 [--workers N] [--gin_file F] [--gin_param B]`
+(as root, for namespaces and cgroups; `--allow-unisolated` otherwise). Endpoints: POST /run, POST /run_batch,
+GET /health, GET /metrics. Use it from asyncio code through `sandbox_server.client.SandboxClient`, which implements
+the `ToolExecutor` protocol of `sandbox_server.api` and returns `ToolResult`s (never raises for tool failures).
+
+Layout: api (wire schema, ToolResult, ToolExecutor), config (gin), http_app (front end), pool (queue, slots),
+zygote (per-slot warm process and per-call supervision), confinement + linux (isolation), cgroups, outcome (status),
+snippet (IPython-like execution), framing (server<->zygote messages), client, launcher (start a server in its own
+PID namespace, for tests and benchmarks), preflight (isolation check at start).
+"""

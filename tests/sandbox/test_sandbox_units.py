@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import gin
@@ -144,3 +146,12 @@ def test_client_rejects_bad_settings():
         SandboxClient("http://127.0.0.1:1")
     with pytest.raises(ValueError, match="batch_size=0"):
         SandboxClient(batch_size=0)
+
+
+def test_cli_reports_invalid_gin_binding_and_exits():
+    completed = subprocess.run(
+        [sys.executable, "-m", "sandbox_server", "--gin_param", "SandboxConfig.workerz = 3"],
+        capture_output=True, text=True, timeout=60, cwd=Path(__file__).resolve().parents[2],
+    )  # fmt: skip
+    assert completed.returncode == 2
+    assert "invalid gin configuration" in completed.stderr and "workerz" in completed.stderr
