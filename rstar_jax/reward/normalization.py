@@ -9,6 +9,19 @@ from __future__ import annotations
 
 import re
 
+_UNICODE_MATH = str.maketrans(
+    {
+        "−": "-",
+        "–": "-",
+        "π": "\\pi ",
+        "∞": "\\infty ",
+        "×": "\\times ",
+        "·": "\\cdot ",
+        "√": "\\sqrt ",
+        "≤": "\\le ",
+        "≥": "\\ge ",
+    }
+)
 _DISPLAY_COMMANDS = re.compile(r"\\(?:displaystyle|textstyle|left|right|big|Big|bigg|Bigg)(?![A-Za-z])")
 _FRACTION_VARIANTS = re.compile(r"\\[dt]frac(?![A-Za-z])")
 _THIN_SPACING = re.compile(r"\\[,!]")
@@ -65,9 +78,14 @@ def _without_thousands_separators(text: str) -> str:
     return text
 
 
+def latex_from_unicode(text: str) -> str:
+    """Unicode math signs a model may write (−, π, √, ∞, ×) as the LaTeX both checkers read."""
+    return text.translate(_UNICODE_MATH)
+
+
 def normalize_answer(text: str) -> str:
     """Canonical form of an answer (SPEC 3), used for a fast exact comparison and as the sympy checker's input."""
-    text = _DOLLAR.sub("", text).strip()
+    text = _DOLLAR.sub("", latex_from_unicode(text)).strip()
     text = _TEXT_CONJUNCTION.sub(",", text)
     text = _DISPLAY_COMMANDS.sub("", text)
     text = _FRACTION_VARIANTS.sub(r"\\frac", text)

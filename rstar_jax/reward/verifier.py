@@ -12,7 +12,7 @@ from typing import Protocol, runtime_checkable
 from rstar_jax.reward.exact_numbers import exact_numbers_equal
 from rstar_jax.reward.extraction import extract_final_answer
 from rstar_jax.reward.math_verify_check import math_verify_equal
-from rstar_jax.reward.normalization import is_text_answer, normalize_answer
+from rstar_jax.reward.normalization import is_text_answer, latex_from_unicode, normalize_answer
 from rstar_jax.reward.sympy_check import sympy_equal
 
 
@@ -53,7 +53,9 @@ def answers_equivalent(answer: str, reference: str, max_answer_chars: int = DEFA
     exact = exact_numbers_equal(normal_answer, normal_reference)
     if exact is not None:
         return exact
-    return math_verify_equal(answer, reference) or sympy_equal(normal_answer, normal_reference)
+    return math_verify_equal(latex_from_unicode(answer), latex_from_unicode(reference)) or sympy_equal(
+        normal_answer, normal_reference
+    )
 
 
 def verify(response: str, reference: str, max_answer_chars: int = DEFAULT_MAX_ANSWER_CHARS) -> bool:
