@@ -101,6 +101,16 @@ HOSTILE = {
         {"ok"},
         "",
     ),
+    "temp files beyond a small memory budget": (
+        "chunk = b'1' * 2**20\n"
+        "for d in ('/tmp', '/dev/shm', '/var/tmp'):\n"
+        "    with open(d + '/big', 'wb') as f:\n"
+        "        for _ in range(63):\n"
+        "            f.write(chunk)",
+        {"memory_mb": 32},
+        {"memory_exceeded"},
+        "",
+    ),
     "fill /tmp": (
         "open('/tmp/filler', 'wb').write(b'0' * 200 * 2**20)", {}, {"error", "memory_exceeded"}, ""
     ),
