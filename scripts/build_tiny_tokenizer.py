@@ -11,7 +11,6 @@ arguments always give byte-identical files; the committed copy lives in rstar_ja
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import re
 from pathlib import Path
@@ -32,6 +31,7 @@ from rstar_jax.tokenizers.special_tokens import (
     IM_START,
     TOOL_TOKENS,
 )
+from sandbox_server.api import ToolResult
 
 VOCAB_SIZE = 1024
 CORPUS_TASKS = 600
@@ -49,26 +49,12 @@ _ERROR_OUTPUT = {
 }
 
 
-@dataclasses.dataclass(frozen=True)
-class _RepresentativeOutcome:
-    """The shape of a tool result, for corpus text only: the known stdout of a solution or error of a fault."""
-
-    status: str
-    stdout: str
-    stderr: str
-    exit_code: int | None
-    duration_ms: float
-
-    @property
-    def ok(self) -> bool:
-        return self.status == "ok"
-
 
 def _outcomes(plan: SolutionPlan) -> list[_RepresentativeOutcome]:
-    answer = _RepresentativeOutcome("ok", plan.task.problem.answer + "\n", "", 0, 20.0)
+    answer = ToolResult("ok", plan.task.problem.answer + "\n", "", 0, 20.0)
     if plan.faulty_code is None:
         return [answer]
-    error = _RepresentativeOutcome("error", "", _ERROR_OUTPUT[plan.fault], 1, 20.0)
+    error = ToolResult("error", "", _ERROR_OUTPUT[plan.fault], 1, 20.0)
     return [error, answer]
 
 

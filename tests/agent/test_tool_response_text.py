@@ -2,27 +2,13 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 
 import gin
 import pytest
 
 from rstar_jax.agent import FailedToolCall, format_tool_response, truncate_middle
+from sandbox_server.api import ToolResult
 
-
-@dataclass(frozen=True)
-class Outcome:
-    """A tool result record with the sandbox client's fields (pure formatting needs no sandbox)."""
-
-    status: str
-    stdout: str
-    stderr: str
-    exit_code: int | None
-    duration_ms: float
-
-    @property
-    def ok(self) -> bool:
-        return self.status == "ok"
 
 
 def test_truncate_middle_keeps_head_and_tail_within_the_limit() -> None:
@@ -45,18 +31,18 @@ def test_truncate_middle_leaves_short_text_alone_and_rejects_tiny_limits() -> No
 
 
 def test_success_shows_status_exit_code_time_and_stdout() -> None:
-    text = format_tool_response(Outcome("ok", "4374493942\n", "", 0, 31.4))
+    text = format_tool_response(ToolResult("ok", "4374493942\n", "", 0, 31.4))
     assert text == "succeeded, exit code 0, 31 ms\nstdout:\n4374493942"
 
 
 def test_failure_shows_status_and_stderr() -> None:
     stderr = "Traceback (most recent call last):\nNameError: name 'x' is not defined\n"
-    text = format_tool_response(Outcome("error", "", stderr, 1, 12.0))
+    text = format_tool_response(ToolResult("error", "", stderr, 1, 12.0))
     assert text == "failed (error), exit code 1, 12 ms\nstderr:\n" + stderr.rstrip("\n")
 
 
 def test_timeout_without_output_says_so() -> None:
-    assert format_tool_response(Outcome("timeout", "", "", None, 10000.0)) == "failed (timeout), 10000 ms\n(no output)"
+    assert format_tool_response(ToolResult("timeout", "", "", None, 10000.0)) == "failed (timeout), 10000 ms\n(no output)"
 
 
 def test_failed_call_answers_with_its_message() -> None:
@@ -65,7 +51,7 @@ def test_failed_call_answers_with_its_message() -> None:
 
 
 def test_limits_are_gin_knobs_and_cut_the_middle() -> None:
-    outcome = Outcome("ok", "A" * 3000 + "END", "", 0, 5.0)
+    outcome = ToolResult("ok", "A" * 3000 + "END", "", 0, 5.0)
     assert len(format_tool_response(outcome)) <= 256
     assert format_tool_response(outcome).endswith("END")
     with gin.unlock_config():

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import subprocess
 import sys
-from dataclasses import dataclass
 
 import pytest
 
@@ -18,29 +17,16 @@ from rstar_jax.data.synthetic_sft import (
     transcript_messages,
 )
 from rstar_jax.tokenizers import load_tokenizer
+from sandbox_server.api import ToolResult
 
-
-@dataclass(frozen=True)
-class Outcome:
-    """A tool result record with the sandbox client's fields (pure logic needs no sandbox)."""
-
-    status: str
-    stdout: str
-    stderr: str
-    exit_code: int | None
-    duration_ms: float
-
-    @property
-    def ok(self) -> bool:
-        return self.status == "ok"
 
 
 def _outcomes(plan) -> list[Outcome]:
-    answer = Outcome("ok", plan.task.problem.answer + "\n", "", 0, 9.0)
+    answer = ToolResult("ok", plan.task.problem.answer + "\n", "", 0, 9.0)
     if plan.faulty_code is None:
         return [answer]
     error = "SyntaxError: '(' was never closed" if plan.fault == "syntax" else "NameError: name 'answer' is not defined"
-    return [Outcome("error", "", f"Traceback (most recent call last):\n{error}\n", 1, 4.0), answer]
+    return [ToolResult("error", "", f"Traceback (most recent call last):\n{error}\n", 1, 4.0), answer]
 
 
 def test_exactly_the_set_fraction_starts_with_a_fault_chosen_by_seed() -> None:
@@ -108,11 +94,11 @@ def test_outcomes_that_contradict_the_task_are_refused() -> None:
     tokenizer = load_tokenizer("tiny")
     [plan] = plan_solutions(synthetic_tasks(1, seed=0), seed=0, faulty_fraction=0.0)
     with pytest.raises(SandboxMismatchError, match="expected stdout"):
-        build_transcript(plan, [Outcome("ok", "12\n", "", 0, 1.0)], tokenizer)
+        build_transcript(plan, [ToolResult("ok", "12\n", "", 0, 1.0)], tokenizer)
     with pytest.raises(SandboxMismatchError, match="status 'timeout'"):
-        build_transcript(plan, [Outcome("timeout", "", "", None, 1.0)], tokenizer)
+        build_transcript(plan, [ToolResult("timeout", "", "", None, 1.0)], tokenizer)
     [faulty] = plan_solutions(synthetic_tasks(1, seed=0), seed=0, faulty_fraction=1.0)
-    answer = Outcome("ok", faulty.task.problem.answer + "\n", "", 0, 1.0)
+    answer = ToolResult("ok", faulty.task.problem.answer + "\n", "", 0, 1.0)
     with pytest.raises(SandboxMismatchError, match="faulty program ran without error"):
         build_transcript(faulty, [answer, answer], tokenizer)
     with pytest.raises(ValueError, match="2 programs but 1 outcomes"):
