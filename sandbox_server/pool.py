@@ -219,6 +219,9 @@ class WorkerPool:
             if not job.future.done():
                 job.future.set_result(result)
             self.on_done(result, time.monotonic() - job.enqueued)
+            if not slot.alive:  # replace a lost zygote now, not when the next call arrives
+                with contextlib.suppress(ZygoteStartError):
+                    await self._restart(slot)
 
     async def _restart(self, slot: Slot) -> None:
         await slot.stop()

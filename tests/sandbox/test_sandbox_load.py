@@ -148,8 +148,11 @@ def test_crashed_worker_is_replaced(small_server):
 
     result = asyncio.run(long_call())
     assert result.status == Status.KILLED and "died" in result.stderr
-    assert run(small_server, "print('fresh')")["stdout"] == "fresh\n"
+    deadline = time.monotonic() + 60
+    while small_server.health()["workers_alive"] != 1 and time.monotonic() < deadline:
+        time.sleep(0.1)  # replaced right away, before any further call arrives
     assert small_server.health()["workers_alive"] == 1
+    assert run(small_server, "print('fresh')")["stdout"] == "fresh\n"
 
 
 def test_graceful_shutdown_finishes_calls_in_flight():

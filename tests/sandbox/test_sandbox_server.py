@@ -24,6 +24,9 @@ def test_semantics_stdin_final_expression_and_math_stack(sandbox):
     assert sympy_call["status"] == "ok" and sympy_call["stdout"] == "{274177: 1, 67280421310721: 1}\n"
     numpy_call = run(sandbox, "import numpy as np\nprint(np.linalg.det(np.array([[2., 1.], [1., 3.]])).round(6))")
     assert numpy_call["stdout"] == "5.0\n"
+    # a module the worker did not preload still imports after the uid drop (the interpreter's tree is exposed)
+    lazy = run(sandbox, "import xml.dom.minidom, scipy.special\nprint(scipy.special.comb(10, 3, exact=True))")
+    assert lazy["status"] == "ok" and lazy["stdout"] == "120\n", lazy
     # sympy is already imported in the warm worker, so a sympy call costs a fork, not a 300 ms import
     assert sympy_call["duration_ms"] < 250, sympy_call
 
