@@ -78,7 +78,7 @@ class VerifierPool:
         self._max_answer_chars = max_answer_chars
         self._start_timeout_s = start_timeout_s
         self._context = multiprocessing.get_context(_START_METHOD)
-        self._context.set_forkserver_preload([worker_module.__name__])
+        self._context.set_forkserver_preload([worker_module.__name__, worker_module.WARM_UP_MODULE])
         self._lock = threading.Lock()
         self._workers: list[_Worker] = []
         self.workers_replaced = 0
