@@ -29,13 +29,15 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--gin_param", action="append", default=[], help="gin binding(s), e.g. SandboxConfig.workers=8")
     for field in dataclasses.fields(SandboxConfig):
         flag = "--" + field.name.replace("_", "-")
+        about = f"overrides SandboxConfig.{field.name} (default {field.default!r})"
         if field.type in ("bool", bool):
-            parser.add_argument(flag, dest=field.name, action="store_true", default=None)
+            parser.add_argument(flag, dest=field.name, action="store_true", default=None, help=about)
         elif field.name == "preload_modules":
-            parser.add_argument(flag, dest=field.name, type=lambda s: tuple(filter(None, s.split(","))))
+            comma_list = lambda text: tuple(filter(None, text.split(",")))  # noqa: E731
+            parser.add_argument(flag, dest=field.name, type=comma_list, help="comma-separated; " + about)
         else:
             kind = float if "float" in str(field.type) else int
-            parser.add_argument(flag, dest=field.name, type=kind, default=None)
+            parser.add_argument(flag, dest=field.name, type=kind, default=None, help=about)
     return parser.parse_args(argv)
 
 
