@@ -10,11 +10,14 @@ import dataclasses
 from typing import Any
 
 import gin
+import jax
 import jax.numpy as jnp
 
 FAMILIES: tuple[str, ...] = ("qwen2", "qwen3")
 DTYPES: dict[str, Any] = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
 REMAT_POLICIES: tuple[str, ...] = ("none", "full", "dots_saveable")
+PRECISIONS: dict[str, jax.lax.Precision] = {"default": jax.lax.Precision.DEFAULT, "high": jax.lax.Precision.HIGH,
+                                            "highest": jax.lax.Precision.HIGHEST}
 
 _ARCHITECTURES: dict[str, str] = {"Qwen2ForCausalLM": "qwen2", "Qwen3ForCausalLM": "qwen3"}
 _HF_DTYPE_ALIASES: dict[str, str] = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16", "half": "float16"}
@@ -28,6 +31,9 @@ class ModelConfig:
     `head_dim` None means hidden_size // num_heads; `qkv_bias` / `qk_norm` None mean the family's default
     (Qwen2: q/k/v bias, no q/k norm; Qwen3: q/k norm, no bias). `o_bias` is Qwen3's `attention_bias` on o_proj.
     `remat_policy` only affects training memory (none / full / dots_saveable), never the numbers.
+    `matmul_precision` is XLA's precision for float32 matmuls: "default" lets GPUs/TPUs use reduced-precision
+    passes (TF32, bf16), "highest" gives full float32 (what transformers parity at 1e-4 needs on those devices;
+    CPU is always full precision).
     """
 
     vocab_size: int
@@ -48,6 +54,7 @@ class ModelConfig:
     param_dtype: str = "float32"
     dtype: str = "float32"
     remat_policy: str = "none"
+    matmul_precision: str = "default"
     bos_token_id: int | None = None
     eos_token_id: int | tuple[int, ...] | None = None
     pad_token_id: int | None = None
@@ -81,6 +88,9 @@ class ModelConfig:
                 raise ValueError(f"ModelConfig.{name} must be one of {tuple(DTYPES)}, got {getattr(self, name)!r}")
         if self.remat_policy not in REMAT_POLICIES:
             raise ValueError(f"ModelConfig.remat_policy must be one of {REMAT_POLICIES}, got {self.remat_policy!r}")
+        if self.matmul_precision not in PRECISIONS:
+            raise ValueError(f"ModelConfig.matmul_precision must be one of {tuple(PRECISIONS)}, "
+                             f"got {self.matmul_precision!r}")
         if self.rope_theta <= 0 or self.rms_norm_eps <= 0:
             raise ValueError("ModelConfig.rope_theta and rms_norm_eps must be positive")
 
@@ -93,6 +103,11 @@ class ModelConfig:
     def jnp_param_dtype(self) -> Any:
         """Storage dtype of the parameters."""
         return DTYPES[self.param_dtype]
+
+    @property
+    def jax_precision(self) -> jax.lax.Precision:
+        """Precision of every matmul and einsum in the model."""
+        return PRECISIONS[self.matmul_precision]
 
     @property
     def num_groups(self) -> int:
@@ -113,7 +128,8 @@ class ModelConfig:
             raise ValueError("sliding-window attention (use_sliding_window: true) is not implemented")
         layer_types = d.get("layer_types") or []
         if any(kind != "full_attention" for kind in layer_types):
-            raise ValueError(f"unsupported layer_types {sorted(set(layer_types))}: only 'full_attention' is implemented")
+            raise ValueError(f"unsupported layer_types {sorted(set(layer_types))}: "
+                             "only 'full_attention' is implemented")
         missing = [k for k in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
                                "num_attention_heads") if k not in d]
         if missing:

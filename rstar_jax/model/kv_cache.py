@@ -92,13 +92,22 @@ def decode_step(params: Params, config: ModelConfig, cache: KVCache, token_ids: 
     return logits[:, 0], cache
 
 
-@functools.partial(jax.jit, static_argnames=("config", "all_logits"), donate_argnames=("cache",))
-def prefill_slot(params: Params, config: ModelConfig, cache: KVCache, slot: jax.Array, input_ids: jax.Array,
+def prefill_slot(params: Params, config: ModelConfig, cache: KVCache, slot: int | jax.Array, input_ids: jax.Array,
                  attention_mask: jax.Array, all_logits: bool = True) -> tuple[jax.Array, KVCache]:
     """Start a new sequence of tokens [T] in one slot (a traced index: no recompile per slot), computing only it.
 
-    Returns logits [T, V] (all_logits) or the last real token's [V].
+    Returns logits [T, V] (all_logits) or the last real token's [V]. A Python int slot is range-checked here
+    (inside jit an out-of-range index would be clamped to the last slot).
     """
+    slots = cache.lengths.shape[0]
+    if isinstance(slot, int) and not 0 <= slot < slots:
+        raise ValueError(f"slot {slot} is outside the cache's {slots} slots")
+    return _prefill_slot(params, config, cache, slot, input_ids, attention_mask, all_logits=all_logits)
+
+
+@functools.partial(jax.jit, static_argnames=("config", "all_logits"), donate_argnames=("cache",))
+def _prefill_slot(params: Params, config: ModelConfig, cache: KVCache, slot: jax.Array, input_ids: jax.Array,
+                  attention_mask: jax.Array, all_logits: bool) -> tuple[jax.Array, KVCache]:
     if input_ids.ndim != 1 or attention_mask.shape != input_ids.shape:
         raise ValueError(f"prefill_slot takes one sequence [T] and its mask, got {input_ids.shape} and "
                          f"{attention_mask.shape}")

@@ -54,16 +54,23 @@ def apply_rope(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
     return x * cos[:, :, None, :] + rotated * sin[:, :, None, :]
 
 
-def grouped_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -> jax.Array:
+def dense(config: ModelConfig, features: int, use_bias: bool, name: str) -> nn.Dense:
+    """A projection with the config's dtypes, precision and HF-like init (normal(0.02) kernel, zero bias)."""
+    return nn.Dense(features, use_bias=use_bias, dtype=config.jnp_dtype, param_dtype=config.jnp_param_dtype,
+                    precision=config.jax_precision, kernel_init=_INIT, name=name)
+
+
+def grouped_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array,
+                      precision: jax.lax.Precision = jax.lax.Precision.DEFAULT) -> jax.Array:
     """Softmax attention of q [B, T, Hkv, G, D] over k, v [B, S, Hkv, D] where mask [B, T, S] is True.
 
     Scores and softmax are float32; a fully masked row (a padding query) gives a uniform average instead of NaN.
     """
     scale = q.shape[-1] ** -0.5
-    scores = jnp.einsum("btkgd,bskd->bkgts", q, k, preferred_element_type=jnp.float32) * scale
+    scores = jnp.einsum("btkgd,bskd->bkgts", q, k, preferred_element_type=jnp.float32, precision=precision) * scale
     scores = jnp.where(mask[:, None, None, :, :], scores, MASKED_SCORE)
     probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
-    return jnp.einsum("bkgts,bskd->btkgd", probs, v)
+    return jnp.einsum("bkgts,bskd->btkgd", probs, v, precision=precision)
 
 
 class Attention(nn.Module):
@@ -88,14 +95,9 @@ class Attention(nn.Module):
         cfg = self.config
         batch, length, _ = x.shape
         heads, kv_heads, head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
-
-        def dense(features: int, use_bias: bool, name: str) -> nn.Dense:
-            return nn.Dense(features, use_bias=use_bias, dtype=cfg.jnp_dtype, param_dtype=cfg.jnp_param_dtype,
-                            kernel_init=_INIT, name=name)
-
-        q = dense(heads * head_dim, cfg.qkv_bias, "q_proj")(x).reshape(batch, length, heads, head_dim)
-        k = dense(kv_heads * head_dim, cfg.qkv_bias, "k_proj")(x).reshape(batch, length, kv_heads, head_dim)
-        v = dense(kv_heads * head_dim, cfg.qkv_bias, "v_proj")(x).reshape(batch, length, kv_heads, head_dim)
+        q = dense(cfg, heads * head_dim, cfg.qkv_bias, "q_proj")(x).reshape(batch, length, heads, head_dim)
+        k = dense(cfg, kv_heads * head_dim, cfg.qkv_bias, "k_proj")(x).reshape(batch, length, kv_heads, head_dim)
+        v = dense(cfg, kv_heads * head_dim, cfg.qkv_bias, "v_proj")(x).reshape(batch, length, kv_heads, head_dim)
         if cfg.qk_norm:
             q = RMSNorm(cfg.rms_norm_eps, cfg.jnp_dtype, cfg.jnp_param_dtype, name="q_norm")(q)
             k = RMSNorm(cfg.rms_norm_eps, cfg.jnp_dtype, cfg.jnp_param_dtype, name="k_norm")(k)
@@ -113,8 +115,8 @@ class Attention(nn.Module):
             k, v = cache_k.astype(cfg.jnp_dtype), cache_v.astype(cfg.jnp_dtype)
 
         grouped_q = q.reshape(batch, length, kv_heads, cfg.num_groups, head_dim)
-        out = grouped_attention(grouped_q, k, v, mask).reshape(batch, length, heads * head_dim)
-        out = dense(cfg.hidden_size, cfg.o_bias, "o_proj")(out)
+        out = grouped_attention(grouped_q, k, v, mask, cfg.jax_precision).reshape(batch, length, heads * head_dim)
+        out = dense(cfg, cfg.hidden_size, cfg.o_bias, "o_proj")(out)
         return out, cache
 
 
@@ -126,14 +128,9 @@ class MLP(nn.Module):
     @nn.compact
     def __call__(self, x: jax.Array) -> jax.Array:
         cfg = self.config
-
-        def dense(features: int, name: str) -> nn.Dense:
-            return nn.Dense(features, use_bias=False, dtype=cfg.jnp_dtype, param_dtype=cfg.jnp_param_dtype,
-                            kernel_init=_INIT, name=name)
-
-        hidden = nn.silu(dense(cfg.intermediate_size, "gate_proj")(x)) * dense(cfg.intermediate_size, "up_proj")(x)
-        hidden = constrain(hidden, "batch", "seq", "mlp")
-        return dense(cfg.hidden_size, "down_proj")(hidden)
+        gate = nn.silu(dense(cfg, cfg.intermediate_size, False, "gate_proj")(x))
+        hidden = constrain(gate * dense(cfg, cfg.intermediate_size, False, "up_proj")(x), "batch", "seq", "mlp")
+        return dense(cfg, cfg.hidden_size, False, "down_proj")(hidden)
 
 
 class DecoderLayer(nn.Module):

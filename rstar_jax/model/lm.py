@@ -48,10 +48,12 @@ def logits_from_hidden(params: Params, config: ModelConfig, hidden: jax.Array) -
     hidden = hidden.astype(config.jnp_dtype)
     if config.tie_word_embeddings:
         embedding = params["embed"]["embedding"].astype(config.jnp_dtype)
-        logits = jnp.einsum("bte,ve->btv", hidden, embedding, preferred_element_type=jnp.float32)
+        logits = jnp.einsum("bte,ve->btv", hidden, embedding, preferred_element_type=jnp.float32,
+                            precision=config.jax_precision)
     else:
         kernel = params["lm_head"]["kernel"].astype(config.jnp_dtype)
-        logits = jnp.einsum("bte,ev->btv", hidden, kernel, preferred_element_type=jnp.float32)
+        logits = jnp.einsum("bte,ev->btv", hidden, kernel, preferred_element_type=jnp.float32,
+                            precision=config.jax_precision)
     return constrain(logits, "batch", "seq", "vocab")
 
 

@@ -52,6 +52,7 @@ def test_configs_transformers_cannot_express_are_refused_on_export():
     (dict(head_dim=7), "positive even integer"),
     (dict(dtype="int8"), "dtype must be one of"),
     (dict(remat_policy="some"), "remat_policy must be one of"),
+    (dict(matmul_precision="tf32"), "matmul_precision must be one of"),
     (dict(vocab_size=0), "vocab_size must be a positive integer"),
 ])
 def test_invalid_fields_are_named(fields, message):

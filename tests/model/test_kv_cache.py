@@ -15,6 +15,7 @@ from hf_reference import assert_logits_close
 
 from rstar_jax.model import decode_step, extend, forward, init_cache, load_hf, positions_from_mask, prefill
 from rstar_jax.model import prefill_slot
+from rstar_jax.model.kv_cache import _prefill_slot
 
 FAMILIES = {
     "qwen3": ("qwen3", dict(num_attention_heads=4, num_key_value_heads=2, head_dim=12, attention_bias=True)),
@@ -116,9 +117,11 @@ def test_prefill_slot_replaces_one_slot_and_leaves_the_others(model):
         np.testing.assert_array_equal(np.asarray(cache.values[:, slot]), before.values[:, slot])
     np.testing.assert_array_equal(cache.lengths, [5, 4, 4])
 
-    compiled = prefill_slot._cache_size()
+    compiled = _prefill_slot._cache_size()
     _, cache = prefill_slot(model.params, config, cache, 2, padded, (padded > 0).astype(np.int32))
-    assert prefill_slot._cache_size() == compiled, "a different slot index must not recompile"
+    assert _prefill_slot._cache_size() == compiled, "a different slot index must not recompile"
+    with pytest.raises(ValueError, match="slot 3 is outside the cache's 3 slots"):
+        prefill_slot(model.params, config, cache, 3, padded, (padded > 0).astype(np.int32))
 
     cache = cache._replace(lengths=cache.lengths.at[2].set(0))  # slot 2 is idle from now on
     tokens = jnp.asarray([rows[0][-1], 7, 0])
