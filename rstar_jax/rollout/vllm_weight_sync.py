@@ -11,7 +11,6 @@ from __future__ import annotations
 import dataclasses
 import os
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 

@@ -8,7 +8,6 @@ Both servers start at once for the whole module and are always stopped (process 
 from __future__ import annotations
 
 import asyncio
-from pathlib import Path
 from typing import Any, Awaitable, Iterator
 
 import jax
