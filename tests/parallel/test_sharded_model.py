@@ -44,8 +44,7 @@ MESHES = {
     "data2_fsdp2_tensor2": dict(data=2, fsdp=2, tensor=2),
     "fsdp8": dict(data=1, fsdp=8, tensor=1),
     "data2_tensor4": dict(data=2, fsdp=1, tensor=4),
-    "tensor2_fsdp4": dict(data=1, fsdp=4, tensor=2),
-}
+}  # fsdp 4 x tensor 2 runs in the uneven-config test below
 
 
 def padded_batch(config, seed=0):
