@@ -157,6 +157,26 @@ def test_measure_weight_sync_reports_seconds_per_megabyte(served):
                                jax_scores(model.config, model.params, SCORED), atol=1e-4)
 
 
+def test_a_turn_in_flight_during_a_sync_finishes_on_the_old_weights(served):
+    fleet, model = served["tied"]
+    engine = fleet.engines[0]
+    new = sharpened(init_params(model.config, jax.random.key(8)), 4.0)
+
+    async def sync_during_generation():
+        task = asyncio.create_task(engine.generate(PROMPT, SamplingParams(max_new_tokens=120, seed=2)))
+        while (await engine.capacity()).requests_running == 0:
+            await asyncio.sleep(0.02)
+        await fleet.update_weights(new, version=20)  # pause(mode="wait") drains the turn first
+        assert task.done()
+        return task.result(), await engine.score(SCORED)
+
+    turn, after = run(fleet, sync_during_generation())
+    assert len(turn.token_ids) == 120
+    old_expected = jax_scores(model.config, model.params, PROMPT + turn.token_ids)[len(PROMPT) - 1:]
+    np.testing.assert_allclose(turn.logprobs, old_expected, atol=1e-4)
+    np.testing.assert_allclose(after, jax_scores(model.config, new, SCORED), atol=1e-4)
+
+
 def test_a_server_killed_mid_generation_raises_engine_unavailable(served):
     fleet, _ = served["untied"]
     engine = fleet.engines[0]
