@@ -26,6 +26,7 @@ import gin
 from rstar_jax.rollout.vllm_worker_extension import EXTENSION_QUALNAME
 
 _REPO_ROOT = Path(__file__).resolve().parents[2]
+_DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # health checks never go through a proxy
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -44,7 +45,7 @@ class VLLMServer:
     def healthy(self) -> bool:
         """True when GET /health answers 200."""
         try:
-            with urllib.request.urlopen(self.url + "/health", timeout=5) as response:
+            with _DIRECT.open(self.url + "/health", timeout=5) as response:
                 return response.status == 200
         except (urllib.error.URLError, OSError):
             return False
