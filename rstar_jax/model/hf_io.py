@@ -60,7 +60,8 @@ def tensor_specs(config: ModelConfig) -> list[TensorSpec]:
                                           _LEAVES[path[-1]]]), _hf_shape(path, shape[1:]))
         for layer in range(config.num_layers) for path, shape in leaves if path[0] == "layers"
     ]
-    top_specs = {path[0]: TensorSpec(path, None, f"{_TOP_MODULES[path[0]]}.{_LEAVES[path[-1]]}", _hf_shape(path, shape))
+    top_specs = {path[0]: TensorSpec(path, None, f"{_TOP_MODULES[path[0]]}.{_LEAVES[path[-1]]}",
+                                     _hf_shape(path, shape))
                  for path, shape in leaves if path[0] != "layers"}
     ordered_top = [top_specs[name] for name in ("final_norm", "lm_head") if name in top_specs]
     return [top_specs["embed"], *layer_specs, *ordered_top]
@@ -130,12 +131,13 @@ def save_hf(model: CausalLM | tuple[ModelConfig, Params], path: str | os.PathLik
     limit = shard_size_mb * 2**20
     shard_names: list[list[str]] = []
     shard: dict[str, np.ndarray] = {}
-    total_bytes = 0
+    shard_bytes = total_bytes = 0
     for name, tensor in _hf_tensors(config, params):
-        if shard and sum(t.nbytes for t in shard.values()) + tensor.nbytes > limit:
+        if shard and shard_bytes + tensor.nbytes > limit:
             shard_names.append(_write_temp_shard(folder, len(shard_names), shard))
-            shard = {}
+            shard, shard_bytes = {}, 0
         shard[name] = tensor
+        shard_bytes += tensor.nbytes
         total_bytes += tensor.nbytes
     shard_names.append(_write_temp_shard(folder, len(shard_names), shard))
 
@@ -184,10 +186,12 @@ def _tensor_locations(folder: Path) -> dict[str, Path]:
 
 
 def _hf_tensors(config: ModelConfig, params: Params) -> Iterator[tuple[str, np.ndarray]]:
-    """(HF name, contiguous host tensor) one at a time; a stacked leaf is sliced per layer before leaving device."""
+    """(HF name, contiguous host tensor in the config's param dtype) one at a time; a stacked leaf is sliced per
+    layer before leaving the device."""
+    host_dtype = np.dtype(config.jnp_param_dtype)
     for spec in tensor_specs(config):
         leaf = _leaf(params, spec.path)
-        tensor = np.asarray(leaf if spec.layer is None else leaf[spec.layer])
+        tensor = np.asarray(leaf if spec.layer is None else leaf[spec.layer]).astype(host_dtype, copy=False)
         tensor = tensor.T if spec.transposed else tensor
         if tensor.shape != spec.hf_shape:
             raise ValueError(f"parameter {'/'.join(spec.path)} does not fit {spec.hf_name}: shape "

@@ -66,7 +66,7 @@ def extend(params: Params, config: ModelConfig, cache: KVCache, input_ids: jax.A
         (cache.keys, cache.values))
     new_cache = KVCache(keys, values, cache.lengths + real.sum(axis=-1, dtype=jnp.int32))
     if not all_logits:
-        last = jnp.maximum(jnp.argmax(offsets, axis=-1), 0)
+        last = jnp.argmax(offsets, axis=-1)  # first index of the largest offset: the last real token
         hidden = jnp.take_along_axis(hidden, last[:, None, None], axis=1)
         return logits_from_hidden(params, config, hidden)[:, 0], new_cache
     return logits_from_hidden(params, config, hidden), new_cache
