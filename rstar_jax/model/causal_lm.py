@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any
 
 import jax
@@ -34,7 +35,13 @@ class CausalLM:
             if not np.isin(mask, (0, 1)).all():
                 raise ValueError("attention_mask must hold only 0 (padding) and 1 (real token)")
             mask = mask.astype(np.int32)
-        return forward(self.params, self.config, ids, positions_from_mask(mask), mask)
+        return _logits(self.params, self.config, ids, mask)
+
+
+@functools.partial(jax.jit, static_argnums=1)
+def _logits(params: Params, config: ModelConfig, input_ids: jax.Array, attention_mask: jax.Array) -> jax.Array:
+    """forward() with positions derived from the mask, compiled once per shape."""
+    return forward(params, config, input_ids, positions_from_mask(attention_mask), attention_mask)
 
 
 def _as_token_batch(input_ids: Any, vocab_size: int) -> np.ndarray:
