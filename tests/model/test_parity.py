@@ -7,9 +7,12 @@ so the tolerance sits between rounding noise and a real discrepancy. The same to
 on the right, so the two sides also check that padding does not change a row's logits.
 """
 
+import json
+
 import jax.numpy as jnp
 import numpy as np
 import pytest
+import transformers
 from hf_reference import assert_logits_close, hf_logits, mask_positions, padded_batch
 
 from rstar_jax.model import load_hf
@@ -65,3 +68,24 @@ def test_sharded_checkpoint_loads(hf_checkpoint):
     model = load_hf(folder)
     ids, mask = padded_batch(model.config.vocab_size, [6, 4], 6, "right", seed=3)
     assert_logits_close(model(ids, mask), hf_logits(reference, ids, mask), mask)
+
+
+def test_transformers4_style_config_json_gives_the_same_model(hf_checkpoint):
+    """A Qwen2.5-era config.json (top-level rope_theta, torch_dtype, no head_dim/layer_types, sliding window
+    declared but off) is read the way transformers reads it."""
+    folder, reference = hf_checkpoint("qwen2", num_attention_heads=4, num_key_value_heads=2, rope_theta=1e6,
+                                      rms_norm_eps=1e-5, tie_word_embeddings=True)
+    config = json.loads((folder / "config.json").read_text())
+    for key in ("rope_parameters", "dtype", "layer_types"):
+        config.pop(key)
+    config.update(rope_theta=1e6, rope_scaling=None, torch_dtype="float32", sliding_window=4096,
+                  use_sliding_window=False, max_window_layers=21, transformers_version="4.43.1")
+    (folder / "config.json").write_text(json.dumps(config))
+
+    model = load_hf(folder)
+    assert model.config.rope_theta == 1e6 and model.config.rms_norm_eps == 1e-5 and model.config.head_dim == 8
+    ids, mask = padded_batch(model.config.vocab_size, [8, 6], 8, "left", seed=5)
+    expected = hf_logits(reference, ids, mask, mask_positions(mask))
+    reread = transformers.AutoModelForCausalLM.from_pretrained(folder).eval()
+    np.testing.assert_array_equal(hf_logits(reread, ids, mask, mask_positions(mask)), expected)
+    assert_logits_close(model(ids, mask), expected, mask)
