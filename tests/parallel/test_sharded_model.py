@@ -17,7 +17,7 @@ from jax.sharding import PartitionSpec as P
 
 from rstar_jax.model.config import ModelConfig
 from rstar_jax.model.kv_cache import decode_step, init_cache, prefill
-from rstar_jax.model.lm import forward, init_params
+from rstar_jax.model.lm import forward, init_params, positions_from_mask
 from rstar_jax.parallel import (
     activation_sharding,
     cache_shardings,
@@ -51,8 +51,7 @@ def padded_batch(config, seed=0):
     """Token ids with left padding on two rows, their mask and positions (as the learner feeds them)."""
     ids = jax.random.randint(jax.random.key(seed), (BATCH, LENGTH), 0, config.vocab_size)
     mask = jnp.ones((BATCH, LENGTH), jnp.int32).at[1, :3].set(0).at[5, :5].set(0)
-    positions = jnp.maximum(jnp.cumsum(mask, axis=-1) - 1, 0)
-    return ids, positions, mask
+    return ids, positions_from_mask(mask), mask
 
 
 def mean_next_token_logprob(params, config, ids, positions, mask):
