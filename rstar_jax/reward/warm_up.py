@@ -1,8 +1,7 @@
 """Importing this module warms math-verify's and sympy's parsers; only verifier worker processes import it.
 
-The first use of each parser path builds grammars and caches (up to 0.6 s), which would otherwise count against a
-real item's time limit. The verifier pool's forkserver preloads this module, so the work is done once and every
-forked worker inherits warm parsers; a worker forked without the preload imports it before announcing readiness.
+The first use of each parser path builds grammars and caches (up to 0.6 s), which would otherwise count against the
+time limit of a worker's first real items.
 """
 
 from __future__ import annotations
