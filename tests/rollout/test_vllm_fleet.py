@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any, Awaitable, Iterator
 
+import gin
 import jax
 import numpy as np
 import pytest
@@ -175,6 +176,37 @@ def test_a_turn_in_flight_during_a_sync_finishes_on_the_old_weights(served):
     old_expected = jax_scores(model.config, model.params, PROMPT + turn.token_ids)[len(PROMPT) - 1:]
     np.testing.assert_allclose(turn.logprobs, old_expected, atol=1e-4)
     np.testing.assert_allclose(after, jax_scores(model.config, new, SCORED), atol=1e-4)
+
+
+def test_keep_mode_sync_switches_a_turn_in_flight_to_the_new_weights(served):
+    fleet, model = served["tied"]
+    engine = fleet.engines[0]
+    old = model.params
+    new = sharpened(init_params(model.config, jax.random.key(9)), 4.0)
+
+    async def sync_back_then_keep_mode_sync():
+        await fleet.update_weights(old, version=30)
+        task = asyncio.create_task(engine.generate(PROMPT, SamplingParams(max_new_tokens=200, seed=4)))
+        while (await engine.capacity()).requests_running == 0:
+            await asyncio.sleep(0.02)
+        await asyncio.sleep(0.5)
+        gin.bind_parameter("push_weights_file.pause_mode", "keep")
+        try:
+            await fleet.update_weights(new, version=31)  # the turn is frozen, not drained
+        finally:
+            gin.clear_config()
+        still_running = not task.done()
+        return still_running, await task
+
+    still_running, turn = run(fleet, sync_back_then_keep_mode_sync())
+    assert still_running and len(turn.token_ids) == 200
+    sequence = PROMPT + turn.token_ids
+    by_old = jax_scores(model.config, old, sequence)[len(PROMPT) - 1:]
+    by_new = jax_scores(model.config, new, sequence)[len(PROMPT) - 1:]
+    on_old = np.abs(np.asarray(turn.logprobs) - by_old) < 1e-4
+    on_new = np.abs(np.asarray(turn.logprobs) - by_new) < 1e-4
+    switch = int(np.argmin(on_old))  # first token not sampled by the old weights
+    assert 0 < switch < 200 and on_old[:switch].all() and on_new[switch:].all()
 
 
 def test_a_server_killed_mid_generation_raises_engine_unavailable(served):
