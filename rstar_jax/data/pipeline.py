@@ -48,12 +48,22 @@ def prompt_batches(
     return dataset.to_iter_dataset().batch(batch_size, drop_remainder=drop_remainder, batch_fn=list)
 
 
+def iterator_save_args(iterator: grain.DatasetIterator) -> dict[str, ocp.args.CheckpointArgs]:
+    """The iterator's entry of an orbax `Composite` save, to merge with the trainer's other items of the step."""
+    return {DATA_ITEM: grain.checkpoint.CheckpointSave(iterator)}
+
+
+def iterator_restore_args(iterator: grain.DatasetIterator) -> dict[str, ocp.args.CheckpointArgs]:
+    """The iterator's entry of an orbax `Composite` restore: moves `iterator` to the saved position."""
+    return {DATA_ITEM: grain.checkpoint.CheckpointRestore(iterator)}
+
+
 def save_iterator(manager: ocp.CheckpointManager, step: int, iterator: grain.DatasetIterator) -> None:
-    """Saves the iterator's position as item `DATA_ITEM` of checkpoint `step` (waits until it is written)."""
-    manager.save(step, args=ocp.args.Composite(**{DATA_ITEM: grain.checkpoint.CheckpointSave(iterator)}))
+    """Saves only the iterator's position as checkpoint `step` (waits until it is written)."""
+    manager.save(step, args=ocp.args.Composite(**iterator_save_args(iterator)))
     manager.wait_until_finished()
 
 
 def restore_iterator(manager: ocp.CheckpointManager, step: int, iterator: grain.DatasetIterator) -> None:
     """Moves a fresh iterator of the same pipeline to the position saved at `step`."""
-    manager.restore(step, args=ocp.args.Composite(**{DATA_ITEM: grain.checkpoint.CheckpointRestore(iterator)}))
+    manager.restore(step, args=ocp.args.Composite(**iterator_restore_args(iterator)))

@@ -6,11 +6,18 @@ from __future__ import annotations
 import itertools
 import pathlib
 
+import numpy as np
 import orbax.checkpoint as ocp
 import pytest
 
 from rstar_jax.data.difficulty import SolveStats, hard_problem_ids, keep_only
-from rstar_jax.data.pipeline import prompt_batches, restore_iterator, save_iterator
+from rstar_jax.data.pipeline import (
+    iterator_restore_args,
+    iterator_save_args,
+    prompt_batches,
+    restore_iterator,
+    save_iterator,
+)
 from rstar_jax.data.problem import Problem
 from rstar_jax.data.registry import load_problems
 
@@ -98,3 +105,22 @@ def test_resumed_pipeline_sees_the_same_next_prompts(tmp_path: pathlib.Path) -> 
         resumed = iter(prompt_batches(problems, **options))
         restore_iterator(manager, step=taken, iterator=resumed)
     assert _ids(list(resumed)) == uninterrupted[taken:]
+
+
+def test_iterator_state_saves_beside_other_items_of_a_step(tmp_path: pathlib.Path) -> None:
+    """The trainer checkpoints its state and the data position in one orbax step."""
+    problems = _problems(40)
+    uninterrupted = _ids(list(prompt_batches(problems, batch_size=6, seed=5)))
+    iterator = iter(prompt_batches(problems, batch_size=6, seed=5))
+    next(iterator), next(iterator)
+    state = {"step": np.asarray(2), "weights": np.arange(4.0)}
+    with ocp.CheckpointManager(tmp_path / "ckpt") as manager:
+        manager.save(2, args=ocp.args.Composite(state=ocp.args.StandardSave(state), **iterator_save_args(iterator)))
+        manager.wait_until_finished()
+    with ocp.CheckpointManager(tmp_path / "ckpt") as manager:
+        resumed = iter(prompt_batches(problems, batch_size=6, seed=5))
+        restored = manager.restore(
+            2, args=ocp.args.Composite(state=ocp.args.StandardRestore(state), **iterator_restore_args(resumed))
+        )
+    np.testing.assert_array_equal(restored["state"]["weights"], state["weights"])
+    assert _ids(list(resumed)) == uninterrupted[2:]
