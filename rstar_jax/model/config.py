@@ -33,7 +33,8 @@ class ModelConfig:
     `remat_policy` only affects training memory (none / full / dots_saveable), never the numbers.
     `matmul_precision` is XLA's precision for float32 matmuls: "default" lets GPUs/TPUs use reduced-precision
     passes (TF32, bf16), "highest" gives full float32 (what transformers parity at 1e-4 needs on those devices;
-    CPU is always full precision).
+    CPU is always full precision). `attention_block_size` > 0 streams keys through attention in blocks of that
+    size (memory O(T x block) instead of O(T x S) per head, for long training sequences); 0 is plain attention.
     """
 
     vocab_size: int
@@ -55,6 +56,7 @@ class ModelConfig:
     dtype: str = "float32"
     remat_policy: str = "none"
     matmul_precision: str = "default"
+    attention_block_size: int = 0
     bos_token_id: int | None = None
     eos_token_id: int | tuple[int, ...] | None = None
     pad_token_id: int | None = None
@@ -91,6 +93,9 @@ class ModelConfig:
         if self.matmul_precision not in PRECISIONS:
             raise ValueError(f"ModelConfig.matmul_precision must be one of {tuple(PRECISIONS)}, "
                              f"got {self.matmul_precision!r}")
+        if not isinstance(self.attention_block_size, int) or self.attention_block_size < 0:
+            raise ValueError(f"ModelConfig.attention_block_size must be a non-negative integer, "
+                             f"got {self.attention_block_size!r}")
         if self.rope_theta <= 0 or self.rms_norm_eps <= 0:
             raise ValueError("ModelConfig.rope_theta and rms_norm_eps must be positive")
 

@@ -1,9 +1,7 @@
 """Building blocks of one Qwen2/Qwen3 decoder layer, numerically matching transformers' implementation.
 
 RMSNorm normalises in float32 and casts back before the scale; RoPE uses the rotate-half convention with
-inverse frequencies computed in float32; attention scores and softmax are float32; grouped-query attention keeps
-queries grouped per key/value head ([.., kv_heads, groups, ..]) instead of repeating keys, which is the same
-arithmetic as HF's repeat_kv (query head h reads key/value head h // groups).
+inverse frequencies computed in float32; attention itself is in `rstar_jax.model.attention`.
 """
 
 from __future__ import annotations
@@ -15,11 +13,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from rstar_jax.model.attention import grouped_attention
 from rstar_jax.model.config import ModelConfig
 from rstar_jax.parallel import constrain
 
 LayerCache = tuple[jax.Array, jax.Array]  # (keys, values), each [B, max_len, kv_heads, head_dim]
-MASKED_SCORE = float(np.finfo(np.float32).min)
 _INIT = nn.initializers.normal(stddev=0.02)
 
 
@@ -58,19 +56,6 @@ def dense(config: ModelConfig, features: int, use_bias: bool, name: str) -> nn.D
     """A projection with the config's dtypes, precision and HF-like init (normal(0.02) kernel, zero bias)."""
     return nn.Dense(features, use_bias=use_bias, dtype=config.jnp_dtype, param_dtype=config.jnp_param_dtype,
                     precision=config.jax_precision, kernel_init=_INIT, name=name)
-
-
-def grouped_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array,
-                      precision: jax.lax.Precision = jax.lax.Precision.DEFAULT) -> jax.Array:
-    """Softmax attention of q [B, T, Hkv, G, D] over k, v [B, S, Hkv, D] where mask [B, T, S] is True.
-
-    Scores and softmax are float32; a fully masked row (a padding query) gives a uniform average instead of NaN.
-    """
-    scale = q.shape[-1] ** -0.5
-    scores = jnp.einsum("btkgd,bskd->bkgts", q, k, preferred_element_type=jnp.float32, precision=precision) * scale
-    scores = jnp.where(mask[:, None, None, :, :], scores, MASKED_SCORE)
-    probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
-    return jnp.einsum("bkgts,bskd->btkgd", probs, v, precision=precision)
 
 
 class Attention(nn.Module):
@@ -115,7 +100,8 @@ class Attention(nn.Module):
             k, v = cache_k.astype(cfg.jnp_dtype), cache_v.astype(cfg.jnp_dtype)
 
         grouped_q = q.reshape(batch, length, kv_heads, cfg.num_groups, head_dim)
-        out = grouped_attention(grouped_q, k, v, mask, cfg.jax_precision).reshape(batch, length, heads * head_dim)
+        out = grouped_attention(grouped_q, k, v, mask, cfg.jax_precision, cfg.attention_block_size)
+        out = out.reshape(batch, length, heads * head_dim)
         out = dense(cfg, cfg.hidden_size, cfg.o_bias, "o_proj")(out)
         return out, cache
 

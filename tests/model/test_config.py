@@ -53,6 +53,7 @@ def test_configs_transformers_cannot_express_are_refused_on_export():
     (dict(dtype="int8"), "dtype must be one of"),
     (dict(remat_policy="some"), "remat_policy must be one of"),
     (dict(matmul_precision="tf32"), "matmul_precision must be one of"),
+    (dict(attention_block_size=-1), "attention_block_size must be a non-negative integer"),
     (dict(vocab_size=0), "vocab_size must be a positive integer"),
 ])
 def test_invalid_fields_are_named(fields, message):
