@@ -33,6 +33,7 @@ class EngineLoad:
 RoutingPolicy = Callable[[Sequence[EngineLoad]], int]
 
 
+@gin.register
 def least_in_flight(loads: Sequence[EngineLoad]) -> int:
     """The index of the live engine with the fewest requests in flight (ties: the lowest index).
 

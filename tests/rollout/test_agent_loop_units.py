@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import gin
 import pytest
 
 from rstar_jax.agent.trajectory import FinishReason, ToolCallRecord, Trajectory
 from rstar_jax.data.problem import Problem
-from rstar_jax.rollout.agent_loop import RolloutSample, single_token_id, turn_seed
+from rstar_jax.gin_setup import parse_gin
+from rstar_jax.rollout.agent_loop import AgentLoop, RolloutSample, single_token_id, turn_seed
 from rstar_jax.rollout.rollout import rollout_stats
 from rstar_jax.rollout.router import EngineLoad, FailoverEngine, least_in_flight
 from rstar_jax.tokenizers import load_tokenizer
@@ -59,3 +61,20 @@ def test_rollout_stats_count_calls_statuses_and_rates_by_hand():
     assert (stats.trajectories_per_s, stats.tool_calls_per_s) == (2.0, 2.0)
     with pytest.raises(ValueError, match="seconds must be positive"):
         rollout_stats(samples, seconds=0.0)
+
+
+def test_gin_file_binds_the_loop_and_the_router_and_bad_values_are_named():
+    tokenizer = load_tokenizer("tiny")
+    try:
+        parse_gin(["rollout/agent_loop.gin"], ["AgentLoop.max_turns = 15"])
+        loop = AgentLoop(engine=None, executor=None, tokenizer=tokenizer)
+        router = FailoverEngine([None])
+    finally:
+        gin.clear_config()
+    assert (loop.max_turns, loop.max_response_tokens, loop.temperature, loop.tool_timeout_s) == (15, 8192, 1.0, None)
+    assert loop.stop_token_ids == tuple(tokenizer.convert_tokens_to_ids(["</tool_call>", "<|im_end|>"]))
+    assert router.policy([EngineLoad(0, 2), EngineLoad(1, 0)]) == 1
+    with pytest.raises(ValueError, match="max_turns must be >= 1"):
+        AgentLoop(None, None, tokenizer, max_turns=0)
+    with pytest.raises(ValueError, match="temperature must be >= 0"):
+        AgentLoop(None, None, tokenizer, temperature=-1.0)
