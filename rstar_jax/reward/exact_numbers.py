@@ -1,7 +1,8 @@
 """A fast exact comparison for the common case of plain numbers (SPEC 3: training answers are integers).
 
-Integers, decimals and simple fractions (`\\frac{a}{b}`, `a/b`) are read as exact rationals without sympy, so the
-bulk of RL rewards costs microseconds; anything else is left to the math-verify and sympy checkers.
+Integers, decimals, repeating decimals and simple fractions (`\\frac{a}{b}`, `a/b`) are read as exact rationals
+without sympy, so the bulk of RL rewards costs microseconds; anything else is left to the math-verify and sympy
+checkers.
 """
 
 from __future__ import annotations
@@ -13,14 +14,27 @@ _INTEGER_OR_DECIMAL = r"\d+(?:\.\d*)?|\.\d+"
 _PLAIN_NUMBER = re.compile(rf"^(-?)({_INTEGER_OR_DECIMAL})$")
 _LATEX_FRACTION = re.compile(r"^(-?)\\frac\{(-?\d+)\}\{(-?\d+)\}$")
 _SLASH_FRACTION = re.compile(r"^(-?)(-?\d+)/(-?\d+)$")
+_REPEATING_DECIMAL = re.compile(r"^(-?)(\d*)\.(\d*)\\overline\{(\d+)\}$")
+
+
+def _repeating_decimal(whole: str, fixed: str, repeating: str) -> Fraction:
+    """`0.1\\overline{6}` = 1/6: (digits through one period - digits before it) / (10^len(fixed) (10^len(rep) - 1))."""
+    through_period = int(whole + fixed + repeating or "0")
+    before_period = int(whole + fixed or "0")
+    return Fraction(through_period - before_period, 10 ** len(fixed) * (10 ** len(repeating) - 1))
 
 
 def exact_number(text: str) -> Fraction | None:
-    """The exact value of a normalised plain number or simple fraction; None for anything else (or a zero divisor)."""
+    """The exact value of a normalised plain number, repeating decimal (`0.\\overline{3}`) or simple fraction;
+    None for anything else (or a zero divisor)."""
     plain = _PLAIN_NUMBER.match(text)
     if plain:
         value = Fraction(plain.group(2))
         return -value if plain.group(1) else value
+    repeating = _REPEATING_DECIMAL.match(text)
+    if repeating:
+        value = _repeating_decimal(*repeating.groups()[1:])
+        return -value if repeating.group(1) else value
     fraction = _LATEX_FRACTION.match(text) or _SLASH_FRACTION.match(text)
     if fraction is None or int(fraction.group(3)) == 0:
         return None

@@ -51,8 +51,8 @@ def answers_equivalent(answer: str, reference: str, max_answer_chars: int = DEFA
     if is_text_answer(normal_answer) or is_text_answer(normal_reference):
         return normal_answer.casefold() == normal_reference.casefold()
     exact = exact_numbers_equal(normal_answer, normal_reference)
-    if exact is not None:
-        return exact
+    if exact is not None and (exact or "%" not in answer + reference):
+        return exact  # a percent sign lost in normalisation may still make 100% equal 1: the checkers decide
     return math_verify_equal(latex_from_unicode(answer), latex_from_unicode(reference)) or sympy_equal(
         normal_answer, normal_reference
     )

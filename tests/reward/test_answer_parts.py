@@ -80,8 +80,18 @@ def test_normalize_answer(raw: str, normal: str) -> None:
 
 @pytest.mark.parametrize(
     ("text", "value"),
-    [("12", Fraction(12)), ("-0.25", Fraction(-1, 4)), ("\\frac{3}{6}", Fraction(1, 2)), ("-7/2", Fraction(-7, 2)),
-     ("\\frac{1}{0}", None), ("\\sqrt{2}", None), ("1,000", None)],
+    [
+        ("12", Fraction(12)),
+        ("-0.25", Fraction(-1, 4)),
+        ("\\frac{3}{6}", Fraction(1, 2)),
+        ("-7/2", Fraction(-7, 2)),
+        ("\\frac{1}{0}", None),
+        ("0.\\overline{6}", Fraction(2, 3)),
+        ("0.1\\overline{6}", Fraction(1, 6)),
+        ("-1.\\overline{142857}", Fraction(-8, 7)),
+        ("\\sqrt{2}", None),
+        ("1,000", None),
+    ],
 )
 def test_exact_number(text: str, value: Fraction | None) -> None:
     assert exact_number(text) == value

@@ -60,6 +60,9 @@ CASES: list[tuple[str, str, str, bool]] = [
     ("percent", boxed("50%"), "50", True),
     ("percent", boxed("25"), "25\\%", True),
     ("percent", boxed("51\\%"), "50", False),
+    ("percent", boxed("100\\%"), "1", True),
+    ("decimal", boxed("0.\\overline{6}"), "\\frac{2}{3}", True),
+    ("decimal", boxed("0.\\overline{6}"), "0.6", False),
     # degrees
     ("degrees", boxed("30^\\circ"), "30", True),
     ("degrees", boxed("30^{\\circ}"), "30", True),
