@@ -1,7 +1,7 @@
-"""Importing this module warms math-verify's and sympy's parsers; only verifier worker processes import it.
+"""Importing this module warms math-verify's and sympy's parsers; only the verifier pool's zygote imports it.
 
 The first use of each parser path builds grammars and caches (up to 0.6 s), which would otherwise count against the
-time limit of a worker's first real items.
+time limit of a worker's first real items; workers forked from the warm zygote inherit them.
 """
 
 from __future__ import annotations
