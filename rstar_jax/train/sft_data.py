@@ -1,0 +1,90 @@
+"""SFT examples for the tiny model: synthetic tool-task transcripts with real sandbox outputs, cached on disk.
+
+SPEC section 5 starts RL from a model that already writes the agent format; on the CPU demo that format is taught
+with the synthetic transcripts of `rstar_jax.data.synthetic_sft`, run against a real sandbox server started here.
+The token ids are written to a JSON-lines file together with what produced them (task count, seed, the rendered
+prompt), so a rerun or a resumed run trains on exactly the same ids without starting a sandbox again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Sequence
+
+import gin
+from transformers import PreTrainedTokenizerBase
+
+from rstar_jax.agent.prompt import prompt_token_ids
+from rstar_jax.data.synthetic import synthetic_tasks
+from rstar_jax.data.synthetic_sft import SftTranscript, sft_transcripts
+from sandbox_server.client import SandboxClient
+from sandbox_server.launcher import running_server
+
+
+@dataclass(frozen=True)
+class TrainingSequence:
+    """Token ids and the 0/1 loss mask of one training example (what `make_batch` reads)."""
+
+    token_ids: tuple[int, ...]
+    loss_mask: tuple[int, ...]
+
+
+@gin.configurable
+def sandbox_transcripts(count: int, seed: int, tokenizer: PreTrainedTokenizerBase,
+                        server_args: Sequence[str] = ("--workers", "2")) -> list[SftTranscript]:
+    """`count` synthetic-task transcripts (tasks and plans drawn from `seed`) with the outputs of a real sandbox
+    server, started for the duration of the call with `server_args` (e.g. its worker count)."""
+
+    async def generate(url: str) -> list[SftTranscript]:
+        async with SandboxClient([url]) as client:
+            return await sft_transcripts(synthetic_tasks(count, seed=seed), client, tokenizer, seed=seed)
+
+    with running_server(tuple(server_args)) as server:
+        return asyncio.run(generate(server.url))
+
+
+def cache_key(count: int, seed: int, tokenizer: PreTrainedTokenizerBase) -> dict[str, Any]:
+    """What decides a transcript set's ids: count, seed and the prompt rendering (system prompt, tokenizer)."""
+    probe = prompt_token_ids(tokenizer, "What is 1 + 1?")
+    return {"count": count, "seed": seed, "prompt_sha256": hashlib.sha256(json.dumps(probe).encode()).hexdigest()}
+
+
+def write_sequences(path: Path, key: dict[str, Any], sequences: Sequence[TrainingSequence]) -> None:
+    """A JSON-lines file: the key on the first line, then one {"token_ids", "loss_mask"} object per example."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    temporary = path.with_suffix(".tmp")
+    with temporary.open("w") as handle:
+        handle.write(json.dumps({"key": key}) + "\n")
+        for sequence in sequences:
+            handle.write(json.dumps({"token_ids": sequence.token_ids, "loss_mask": sequence.loss_mask}) + "\n")
+    temporary.replace(path)
+
+
+def read_sequences(path: Path, key: dict[str, Any]) -> list[TrainingSequence] | None:
+    """The cached examples at `path` if the file exists and was written for `key`; otherwise None."""
+    if not path.is_file():
+        return None
+    with path.open() as handle:
+        header = json.loads(handle.readline())
+        if header.get("key") != key:
+            return None
+        rows = [json.loads(line) for line in handle]
+    return [TrainingSequence(tuple(row["token_ids"]), tuple(row["loss_mask"])) for row in rows]
+
+
+def cached_sft_sequences(path: Path, count: int, seed: int,
+                         tokenizer: PreTrainedTokenizerBase) -> list[TrainingSequence]:
+    """The training examples of `count` transcripts of `seed`: read from `path` when cached for the same key,
+    else generated against a fresh sandbox server and written there."""
+    key = cache_key(count, seed, tokenizer)
+    cached = read_sequences(path, key)
+    if cached is not None:
+        return cached
+    sequences = [TrainingSequence(t.trajectory.token_ids, t.trajectory.loss_mask)
+                 for t in sandbox_transcripts(count, seed, tokenizer)]
+    write_sequences(path, key, sequences)
+    return sequences
