@@ -6,6 +6,8 @@ from __future__ import annotations
 import os
 import pathlib
 import signal
+import subprocess
+import sys
 import time
 
 import pytest
@@ -113,6 +115,27 @@ def test_a_worker_that_died_while_idle_is_replaced(pool: VerifierPool) -> None:
     os.kill(pool.worker_pids[0], signal.SIGKILL)
     time.sleep(0.2)
     assert pool.verify_batch(["\\boxed{5}"] * 4, ["5"] * 4) == [True] * 4
+
+
+TRAINER_LIKE_SCRIPT = """
+import pathlib
+import jax  # a trainer's main module imports JAX at the top; verifier workers must not inherit or re-import it
+from rstar_jax.reward import VerifierPool
+
+if __name__ == "__main__":
+    with VerifierPool(num_workers=1, timeout_s=5.0) as pool:
+        results = pool.verify_batch(["\\\\boxed{9^{9^{9^{9}}}}", "\\\\boxed{4}"], ["9", "4"], timeout_s=1.0)
+        maps = pathlib.Path(f"/proc/{pool.worker_pids[0]}/maps").read_text()
+        print(results, "jaxlib" in maps, "jaxlib" in pathlib.Path("/proc/self/maps").read_text())
+"""
+
+
+def test_workers_of_a_jax_process_do_not_load_jax(tmp_path: pathlib.Path) -> None:
+    script = tmp_path / "trainer_like.py"
+    script.write_text(TRAINER_LIKE_SCRIPT)
+    completed = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300)
+    assert completed.returncode == 0, completed.stderr
+    assert completed.stdout.split() == ["[False,", "True]", "False", "True"]
 
 
 def test_worker_count_must_be_positive() -> None:
