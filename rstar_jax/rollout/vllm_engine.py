@@ -26,7 +26,7 @@ from rstar_jax.rollout.engine import (
     SamplingParams,
 )
 from rstar_jax.rollout.vllm_metrics import capacity_from_metrics
-from rstar_jax.rollout.vllm_weight_sync import SyncFile, push_weights_file, write_sync_file
+from rstar_jax.rollout.vllm_weight_sync import SyncCheckpoint, push_weights, write_sync_checkpoint
 
 _UNREACHABLE = (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, TimeoutError)
 
@@ -116,21 +116,21 @@ class VLLMServerEngine:
         """KV-cache and queue gauges from the server's /metrics (SPEC section 6)."""
         return capacity_from_metrics(await self._request("GET", "/metrics", timeout_s=30.0))
 
-    async def load_weights_file(self, sync_file: SyncFile, version: int) -> dict[str, Any]:
-        """Make the server serve the weights in an already written sync file; returns the worker's report."""
-        report = await push_weights_file(self._client(), self.url, sync_file.path)
+    async def load_weights_from(self, checkpoint: SyncCheckpoint, version: int) -> dict[str, Any]:
+        """Make the server serve the weights in an already written sync checkpoint; returns the worker's report."""
+        report = await push_weights(self._client(), self.url, checkpoint.path)
         self.weight_version = version
         return report
 
     async def update_weights(self, params: Params, version: int) -> None:
-        """Write `params` to a sync file and load it into this server (one server; a fleet writes once for all)."""
+        """Write `params` as a sync checkpoint and load it into this server (a fleet writes once for all servers)."""
         if self.model_config is None:
-            raise ValueError(f"VLLMServerEngine({self.url}) needs model_config to convert parameters for update_weights")
-        sync_file = write_sync_file(self.model_config, params, version)
+            raise ValueError(f"VLLMServerEngine({self.url}) needs model_config to convert parameters in update_weights")
+        checkpoint = write_sync_checkpoint(self.model_config, params, version)
         try:
-            await self.load_weights_file(sync_file, version)
+            await self.load_weights_from(checkpoint, version)
         finally:
-            sync_file.path.unlink(missing_ok=True)
+            checkpoint.remove()
 
 
 def _json(text: str) -> dict[str, Any]:

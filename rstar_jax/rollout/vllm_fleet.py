@@ -1,7 +1,7 @@
 """The rollout fleet: N vLLM servers, launched here from an HF folder or attached by URL (issue 5 item 2).
 
 A fleet hands out one `VLLMServerEngine` per server (the balancer routes over them) and pushes new weights to all
-of them after each learner update, writing the sync file once. Launched servers are stopped by `close()` / the
+of them after each learner update, writing the sync checkpoint once. Launched servers are stopped by `close()` / the
 context manager; attached ones are left running.
 """
 
@@ -19,7 +19,7 @@ from rstar_jax.model.lm import Params
 from rstar_jax.rollout.engine import EngineUnavailable
 from rstar_jax.rollout.vllm_engine import VLLMServerEngine
 from rstar_jax.rollout.vllm_server import VLLMServer, launch_servers
-from rstar_jax.rollout.vllm_weight_sync import SyncTiming, write_sync_file
+from rstar_jax.rollout.vllm_weight_sync import SyncTiming, write_sync_checkpoint
 
 
 class VLLMFleet:
@@ -48,7 +48,7 @@ class VLLMFleet:
         return cls([VLLMServerEngine(server.url, model_config) for server in servers], model_config, servers)
 
     async def update_weights(self, params: Params, version: int) -> SyncTiming:
-        """Push `params` to every server: one sync file, reloaded by all servers concurrently, then deleted.
+        """Push `params` to every server: one sync checkpoint, reloaded by all servers concurrently, then deleted.
 
         Raises EngineUnavailable naming the servers that could not be reached (the others did update), RuntimeError
         when a reachable server failed to reload.
@@ -56,13 +56,13 @@ class VLLMFleet:
         if self.model_config is None:
             raise ValueError("the fleet needs model_config to convert parameters for update_weights")
         start = time.perf_counter()
-        sync_file = write_sync_file(self.model_config, params, version)
+        checkpoint = write_sync_checkpoint(self.model_config, params, version)
         written = time.perf_counter()
         try:  # every server finishes reading before the file goes
-            outcomes = await asyncio.gather(*(engine.load_weights_file(sync_file, version) for engine in self.engines),
+            outcomes = await asyncio.gather(*(engine.load_weights_from(checkpoint, version) for engine in self.engines),
                                             return_exceptions=True)
         finally:
-            sync_file.path.unlink(missing_ok=True)
+            checkpoint.remove()
         failures = [(engine.url, outcome) for engine, outcome in zip(self.engines, outcomes)
                     if isinstance(outcome, BaseException)]
         if failures:
@@ -70,7 +70,7 @@ class VLLMFleet:
                 else RuntimeError
             raise kind(f"weight sync to version {version} failed on {len(failures)} of {len(self.engines)} "
                        f"server(s): " + "; ".join(f"{url}: {error}" for url, error in failures)) from failures[0][1]
-        return SyncTiming(megabytes=sync_file.megabytes, write_s=written - start,
+        return SyncTiming(megabytes=checkpoint.megabytes, write_s=written - start,
                           load_s=time.perf_counter() - written, servers=len(self.engines))
 
     async def aclose(self) -> None:

@@ -1,6 +1,6 @@
 """Live weight sync into running vLLM servers (issue 5 item 2; DESIGN "Scale-out": weights pushed after every update).
 
-The learner writes its parameters once as a safetensors file with HF tensor names (on tmpfs by default), then for
+The learner writes its parameters once as an HF checkpoint folder (safetensors shards, on tmpfs by default), then for
 each server: POST /pause (in-flight requests finish on the old weights, new ones wait), POST /collective_rpc into
 the worker extension (`vllm_worker_extension`), which reloads the file in place, POST /reset_prefix_cache (cached
 KV was computed by the old weights), POST /resume. Servers are never restarted.
@@ -10,16 +10,17 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import shutil
 import tempfile
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 import gin
-from safetensors.numpy import save_file
+import jax
 
 from rstar_jax.model.config import ModelConfig
-from rstar_jax.model.hf_io import _hf_tensors
+from rstar_jax.model.hf_io import save_hf
 from rstar_jax.model.lm import Params
 from rstar_jax.rollout.engine import EngineUnavailable
 from rstar_jax.rollout.vllm_worker_extension import LOAD_WEIGHTS_METHOD
@@ -29,8 +30,8 @@ _SHM = Path("/dev/shm")
 
 
 @dataclasses.dataclass(frozen=True)
-class SyncFile:
-    """A written weight-sync file: where it is and how many bytes of tensors it holds."""
+class SyncCheckpoint:
+    """A written weight-sync checkpoint: its folder of safetensors shards and how many bytes of tensors it holds."""
 
     path: Path
     nbytes: int
@@ -40,30 +41,34 @@ class SyncFile:
         """Tensor bytes in MB (10^6), the unit of the sync-speed measurement."""
         return self.nbytes / 1e6
 
+    def remove(self) -> None:
+        """Delete the folder once every server has loaded it."""
+        shutil.rmtree(self.path, ignore_errors=True)
+
 
 @gin.configurable
 def default_sync_dir(sync_dir: str | None = None) -> Path:
-    """Where weight-sync files go: `sync_dir` if set (it must be visible to every server, e.g. a shared mount),
+    """Where weight-sync checkpoints go: `sync_dir` if set (it must be visible to every server, e.g. a shared mount),
     else /dev/shm (tmpfs) when present, else the system temp folder."""
     if sync_dir is not None:
         return Path(sync_dir)
     return _SHM if _SHM.is_dir() and os.access(_SHM, os.W_OK) else Path(tempfile.gettempdir())
 
 
-def write_sync_file(config: ModelConfig, params: Params, version: int, directory: str | os.PathLike | None = None
-                    ) -> SyncFile:
-    """Write `params` as one safetensors file with HF tensor names (the checkpoint format vLLM loads).
-
-    The file appears atomically (written under a temporary name, then renamed), so a server never reads half of it.
-    """
+@gin.configurable
+def write_sync_checkpoint(config: ModelConfig, params: Params, version: int, directory: str | os.PathLike | None = None,
+                    shard_size_mb: float = 1024) -> SyncCheckpoint:
+    """Write `params` as an HF checkpoint (save_hf: HF tensor names, shards of at most `shard_size_mb` MiB, so the
+    host holds one shard at a time) in a fresh folder that appears atomically (written, then renamed)."""
     folder = Path(directory) if directory is not None else default_sync_dir()
     folder.mkdir(parents=True, exist_ok=True)
-    tensors = dict(_hf_tensors(config, params))
-    final = folder / f"rstar-weights-{os.getpid()}-v{version}.safetensors"
-    temporary = final.with_suffix(".tmp")
-    save_file(tensors, str(temporary), metadata={"format": "pt", "version": str(version)})
+    final = folder / f"rstar-weights-{os.getpid()}-v{version}"
+    temporary = folder / f".{final.name}.tmp"
+    for stale in (final, temporary):
+        shutil.rmtree(stale, ignore_errors=True)
+    save_hf((config, params), temporary, shard_size_mb=shard_size_mb)
     os.replace(temporary, final)
-    return SyncFile(final, sum(tensor.nbytes for tensor in tensors.values()))
+    return SyncCheckpoint(final, sum(leaf.nbytes for leaf in jax.tree_util.tree_leaves(params)))
 
 
 async def _post(session: aiohttp.ClientSession, url: str, body: dict[str, Any] | None = None,
@@ -80,7 +85,7 @@ async def _post(session: aiohttp.ClientSession, url: str, body: dict[str, Any] |
 
 
 @gin.configurable
-async def push_weights_file(session: aiohttp.ClientSession, base_url: str, path: str | os.PathLike,
+async def push_weights(session: aiohttp.ClientSession, base_url: str, path: str | os.PathLike,
                             pause_mode: str = "wait", timeout_s: float | None = 600.0) -> dict[str, Any]:
     """Make the server at `base_url` serve the weights in `path`: pause, reload, reset prefix cache, resume.
 

@@ -1,7 +1,7 @@
-"""Runs inside every vLLM worker process: reloads the weights from a safetensors file the learner wrote.
+"""Runs inside every vLLM worker process: reloads the weights from the HF checkpoint folder the learner wrote.
 
 Mixed into vLLM's worker class with `--worker-extension-cls rstar_jax.rollout.vllm_worker_extension.WeightSyncExtension`
-and called over HTTP with `POST /collective_rpc {"method": "rstar_load_weights", "args": [path]}` (dev-mode route).
+and called over HTTP with `POST /collective_rpc {"method": "rstar_load_weights", "args": [folder]}` (dev-mode route).
 This module must stay importable without JAX: it is loaded by the vLLM server, which only has torch.
 
 Two traps it avoids (DESIGN "Scale-out": weights are pushed to each server after every update):
@@ -24,33 +24,35 @@ LOAD_WEIGHTS_METHOD = "rstar_load_weights"
 EXTENSION_QUALNAME = f"{__name__}.WeightSyncExtension"
 
 
-def _file_tensors(path: str) -> Iterator[tuple[str, torch.Tensor]]:
-    """(HF name, tensor) pairs of a safetensors file, read one at a time."""
-    with safe_open(path, framework="pt", device="cpu") as reader:
-        for name in reader.keys():
-            yield name, reader.get_tensor(name)
+def shard_paths(folder: str | Path) -> list[Path]:
+    """The safetensors shards of a checkpoint folder; FileNotFoundError when there are none on this host."""
+    shards = sorted(Path(folder).glob("*.safetensors"))
+    if not shards:
+        raise FileNotFoundError(f"weight-sync folder {folder} has no .safetensors file on the server's host "
+                                f"(the learner and the server must share it)")
+    return shards
+
+
+def checkpoint_tensors(shards: list[Path]) -> Iterator[tuple[str, torch.Tensor]]:
+    """(HF name, tensor) pairs of the shards, read one tensor at a time."""
+    for shard in shards:
+        with safe_open(shard, framework="pt", device="cpu") as reader:
+            for name in reader.keys():
+                yield name, reader.get_tensor(name)
 
 
 class WeightSyncExtension:
     """Worker mixin; `self` is the vLLM worker (it has `reload_weights`, `vllm_config` and `model_runner`)."""
 
-    def rstar_load_weights(self, path: str) -> dict[str, Any]:
-        """Load every tensor of the safetensors file at `path` in place; returns what was loaded, for the caller.
-
-        Raises FileNotFoundError when the file is not visible from this worker (the learner and the server must
-        share the folder, e.g. tmpfs on one host).
-        """
-        if not Path(path).is_file():
-            raise FileNotFoundError(f"weight-sync file {path} does not exist on the server's host")
+    def rstar_load_weights(self, folder: str) -> dict[str, Any]:
+        """Load every tensor of the checkpoint folder in place; returns what was loaded, for the caller."""
         worker: Any = self
-        with safe_open(path, framework="pt", device="cpu") as reader:
-            names = list(reader.keys())
-        worker.reload_weights(weights_iterator=_file_tensors(path), is_checkpoint_format=True)
-        model = worker.model_runner.get_model()
+        shards = shard_paths(folder)
+        worker.reload_weights(weights_iterator=checkpoint_tensors(shards), is_checkpoint_format=True)
         tied = bool(getattr(worker.vllm_config.model_config.hf_config, "tie_word_embeddings", False))
         if tied:
-            _retie_lm_head(model)
-        return {"tensors": len(names), "tied_lm_head_rebuilt": tied}
+            _retie_lm_head(worker.model_runner.get_model())
+        return {"shards": len(shards), "tied_lm_head_rebuilt": tied}
 
 
 @torch.no_grad()

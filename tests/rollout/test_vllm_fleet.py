@@ -86,7 +86,8 @@ def test_a_sampled_stop_token_ends_the_turn_and_is_returned(served):
     fleet, _ = served["tied"]
     engine = fleet.engines[0]
     free = run(fleet, engine.generate(PROMPT, SamplingParams(max_new_tokens=10, seed=5)))
-    cut = next(index for index, token in enumerate(free.token_ids) if index >= 2 and token not in free.token_ids[:index])
+    ids = free.token_ids
+    cut = next(index for index, token in enumerate(ids) if index >= 2 and token not in ids[:index])
     stopped = run(fleet, engine.generate(PROMPT, SamplingParams(max_new_tokens=10, seed=5,
                                                                 stop_token_ids=(free.token_ids[cut],))))
     assert stopped.finish_reason == FINISH_STOP
@@ -190,7 +191,7 @@ def test_keep_mode_sync_switches_a_turn_in_flight_to_the_new_weights(served):
         while (await engine.capacity()).requests_running == 0:
             await asyncio.sleep(0.02)
         await asyncio.sleep(0.5)
-        gin.bind_parameter("push_weights_file.pause_mode", "keep")
+        gin.bind_parameter("push_weights.pause_mode", "keep")
         try:
             await fleet.update_weights(new, version=31)  # the turn is frozen, not drained
         finally:

@@ -1,5 +1,5 @@
 """The vLLM fleet's pure parts and error paths, without a running server: /metrics parsing (on text a vLLM 0.32 CPU
-server produced), completion replies, the sync file against save_hf's tensors, the server command and environment,
+server produced), completion replies, the sync checkpoint folder, the server command and environment,
 and clear errors for bad input; plus a real server start that fails on a bad flag."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from safetensors import safe_open
 
-from rstar_jax.model import ModelConfig, init_params, save_hf
+from rstar_jax.model import ModelConfig, init_params, load_hf
 from rstar_jax.rollout.engine import FINISH_LENGTH, EngineUnavailable, GenerationEngine, SamplingParams
 from rstar_jax.rollout.vllm_engine import VLLMServerEngine, generation_from_completion
 from rstar_jax.rollout.vllm_fleet import VLLMFleet, make_fleet, measure_weight_sync
@@ -27,8 +27,8 @@ from rstar_jax.rollout.vllm_server import (
     start_server,
     wait_healthy,
 )
-from rstar_jax.rollout.vllm_weight_sync import push_weights_file, write_sync_file
-from rstar_jax.rollout.vllm_worker_extension import EXTENSION_QUALNAME
+from rstar_jax.rollout.vllm_weight_sync import push_weights, write_sync_checkpoint
+from rstar_jax.rollout.vllm_worker_extension import EXTENSION_QUALNAME, shard_paths
 
 CACHE_INFO = ('vllm:cache_config_info{block_size="128",cache_dtype="auto",enable_prefix_caching="True",engine="{e}",'
               'gpu_memory_utilization="0.92",kv_cache_memory_bytes="1073741824",kv_cache_size_tokens="524288",'
@@ -39,10 +39,12 @@ def metrics_text(engines: dict[str, tuple[float, int, int]]) -> str:
     """/metrics in vLLM 0.32's layout; per engine label: (kv usage fraction, running, waiting)."""
     lines = ["# HELP vllm:num_requests_running Number of requests in model execution batches.",
              "# TYPE vllm:num_requests_running gauge"]
-    lines += [f'vllm:num_requests_running{{engine="{e}",model_name="policy"}} {r}.0' for e, (_, r, _) in engines.items()]
+    lines += [f'vllm:num_requests_running{{engine="{e}",model_name="policy"}} {r}.0'
+              for e, (_, r, _) in engines.items()]
     lines += ["# HELP vllm:num_requests_waiting Number of requests waiting to be processed.",
               "# TYPE vllm:num_requests_waiting gauge"]
-    lines += [f'vllm:num_requests_waiting{{engine="{e}",model_name="policy"}} {w}.0' for e, (_, _, w) in engines.items()]
+    lines += [f'vllm:num_requests_waiting{{engine="{e}",model_name="policy"}} {w}.0'
+              for e, (_, _, w) in engines.items()]
     lines += ["# HELP vllm:kv_cache_usage_perc KV-cache usage. 1 means 100 percent usage.",
               "# TYPE vllm:kv_cache_usage_perc gauge"]
     lines += [f'vllm:kv_cache_usage_perc{{engine="{e}",model_name="policy"}} {u}' for e, (u, _, _) in engines.items()]
@@ -119,7 +121,7 @@ def test_bad_engine_input_is_named():
     with pytest.raises(ValueError, match="at least 2"):
         asyncio.run(engine.score([5]))
     with pytest.raises(ValueError, match="pause_mode"):
-        asyncio.run(push_weights_file(None, "http://127.0.0.1:1", "/tmp/x", pause_mode="later"))  # type: ignore[arg-type]
+        asyncio.run(push_weights(None, "http://127.0.0.1:1", "/tmp/x", pause_mode="later"))  # type: ignore[arg-type]
 
 
 def test_bad_fleet_input_is_named():
@@ -142,20 +144,23 @@ SMALL = ModelConfig(family="qwen3", vocab_size=64, hidden_size=32, intermediate_
 
 
 @pytest.mark.parametrize("tied", [True, False])
-def test_sync_file_holds_exactly_the_hf_checkpoint_tensors(tmp_path, tied):
+def test_sync_checkpoint_is_a_sharded_hf_folder_of_the_params(tmp_path, tied):
     config = dataclasses.replace(SMALL, tie_word_embeddings=tied)
     params = init_params(config, jax.random.key(1))
-    save_hf((config, params), tmp_path / "hf")
-    sync_file = write_sync_file(config, params, version=4, directory=tmp_path / "sync")
-    assert sync_file.path.name.endswith("-v4.safetensors") and list((tmp_path / "sync").iterdir()) == [sync_file.path]
-    with safe_open(sync_file.path, "np") as synced, safe_open(tmp_path / "hf" / "model.safetensors", "np") as saved:
-        assert set(synced.keys()) == set(saved.keys())
-        assert ("lm_head.weight" in synced.keys()) == (not tied)
-        for name in saved.keys():
-            np.testing.assert_array_equal(synced.get_tensor(name), saved.get_tensor(name))
-        assert synced.metadata()["version"] == "4"
+    checkpoint = write_sync_checkpoint(config, params, version=4, directory=tmp_path, shard_size_mb=0.02)
+    assert checkpoint.path.name.endswith("-v4") and list(tmp_path.iterdir()) == [checkpoint.path]
+    shards = shard_paths(checkpoint.path)
+    assert len(shards) > 2, "small shards keep the host copy small"
+    names = [name for shard in shards for name in safe_open(shard, "np").keys()]
+    assert ("lm_head.weight" in names) == (not tied) and len(names) == len(set(names))
+    reloaded = load_hf(checkpoint.path)
+    assert jax.tree_util.tree_all(jax.tree_util.tree_map(np.array_equal, reloaded.params, params))
     n_params = sum(leaf.size for leaf in jax.tree_util.tree_leaves(params))
-    assert sync_file.nbytes == 4 * n_params and sync_file.megabytes == 4 * n_params / 1e6
+    assert checkpoint.nbytes == 4 * n_params and checkpoint.megabytes == 4 * n_params / 1e6
+    checkpoint.remove()
+    assert list(tmp_path.iterdir()) == []
+    with pytest.raises(FileNotFoundError, match="no .safetensors"):
+        shard_paths(tmp_path)
 
 
 def test_server_command_and_environment(tmp_path):
