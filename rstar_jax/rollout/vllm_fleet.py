@@ -58,7 +58,7 @@ class VLLMFleet:
         start = time.perf_counter()
         checkpoint = write_sync_checkpoint(self.model_config, params, version)
         written = time.perf_counter()
-        try:  # every server finishes reading before the file goes
+        try:  # every server finishes reading before the checkpoint goes
             outcomes = await asyncio.gather(*(engine.load_weights_from(checkpoint, version) for engine in self.engines),
                                             return_exceptions=True)
         finally:
@@ -107,7 +107,7 @@ async def measure_weight_sync(fleet: VLLMFleet, params: Params, repeats: int = 3
                               first_version: int = 1) -> list[SyncTiming]:
     """Time `repeats` full syncs of `params` into every server of the fleet (issue 5 item 6: seconds per MB).
 
-    Each timing's `seconds_per_mb` covers writing the file and all servers reloading it.
+    Each timing's `seconds_per_mb` covers writing the checkpoint and all servers reloading it.
     """
     if repeats < 1:
         raise ValueError(f"repeats must be >= 1, got {repeats}")
