@@ -32,6 +32,7 @@ from rstar_jax.parallel import make_mesh
 from rstar_jax.tokenizers import load_tokenizer
 from rstar_jax.train.batching import batch_indices, make_batch
 from rstar_jax.train.checkpoints import checkpoint_manager, restore_latest, save_state
+from rstar_jax.train.format_probe import probe_format
 from rstar_jax.train.optim import adamw_optimizer
 from rstar_jax.train.sft import make_sft_step
 from rstar_jax.train.sft_data import cached_sft_sequences
@@ -127,8 +128,6 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     print(f"wrote {model_dir}: {summary['steps']} steps in {summary['total_seconds']:.0f} s "
           f"(data {summary['data_seconds']:.0f} s), loss {losses[0]:.3f} -> {losses[-1]:.3f}")
     if args.eval_problems:
-        from rstar_jax.train.format_probe import probe_format  # noqa: PLC0415 (only this option needs the engine)
-
         summary["format_eval"] = probe_format(model_dir, args.eval_problems)
         (out / "format_eval.json").write_text(json.dumps(summary["format_eval"], indent=1) + "\n")
         print(json.dumps({k: v for k, v in summary["format_eval"].items() if k != "samples"}, indent=1))

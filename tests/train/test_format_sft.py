@@ -1,0 +1,36 @@
+"""The format SFT's goal (gin/sft/tiny_format.gin): new problems get parseable tool calls, some get solved."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import gin
+import pytest
+
+from rstar_jax.gin_setup import parse_gin
+from rstar_jax.train.format_probe import calls_parse, probe_format
+
+CALL = ('<tool_call>\n{"name": "execute_python_code_with_standard_io", '
+        '"arguments": {"code": "print(1)", "input": ""}}\n</tool_call>')
+
+
+def test_calls_parse_needs_every_call_to_parse() -> None:
+    assert calls_parse(f"<reason>x</reason>\n{CALL}<|im_end|>")
+    assert not calls_parse("<reason>no call</reason><|im_end|>")
+    assert not calls_parse(CALL + '\n<tool_call>\n{"name": "execute_python_code_with_standard_io"')
+    assert not calls_parse(CALL.replace('"code"', '"cod"'))
+
+
+@pytest.mark.slow
+def test_sft_model_calls_the_tool_on_new_problems(sft_model_dir: Path) -> None:
+    metrics = json.loads((sft_model_dir.parent / "metrics.json").read_text())
+    losses = [entry["loss"] for entry in metrics["log"]]
+    assert losses[-1] < 0.25 * losses[0], losses
+    parse_gin(["sft/tiny_format.gin"])  # the SFT's prompt wording
+    try:
+        result = probe_format(sft_model_dir, num_problems=16)
+    finally:
+        gin.clear_config()
+    assert result["tool_call_rate"] >= 0.8, json.dumps(result["samples"][:3], indent=1)
+    assert result["greedy_first_turn_call_rate"] >= 0.9
