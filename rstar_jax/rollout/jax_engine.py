@@ -2,12 +2,12 @@
 
 DESIGN: the embedded default `GenerationEngine`. A fixed number of slots share one KV cache of `max_len` tokens
 per slot. One background thread steps the model: between steps, waiting requests are prefilled into free slots
-and finished ones leave; each step feeds every running slot one token and samples the next (temperature, top-p,
-a per-request seed; `rstar_jax.rollout.sampling`). Callers `await generate(...)` from any number of asyncio tasks;
-the event loop never runs a jitted step. Prompts are padded to power-of-two buckets, so the engine compiles
-len(buckets) + 1 programs, all during warm-up, and nothing afterwards. New weights swap in between steps: every
-forward pass uses one parameter set. If the stepping thread dies, every pending and later request gets
-`EngineUnavailable` instead of hanging.
+and finished ones leave; each step feeds every running slot its pending token and samples the next, `decode_steps`
+times in one device call (temperature, top-p, a per-request seed; `rstar_jax.rollout.sampling`). Callers
+`await generate(...)` from any number of asyncio tasks; the event loop never runs a jitted step. Prompts are padded
+to power-of-two buckets, so the engine compiles len(buckets) + 1 programs, all during warm-up, and nothing
+afterwards. New weights swap in between steps: every forward pass uses one parameter set. If the stepping thread
+dies, every pending and later request gets `EngineUnavailable` instead of hanging.
 """
 
 from __future__ import annotations
@@ -43,14 +43,18 @@ class JaxEngine:
     is rejected with ValueError, a turn that fills its slot ends with finish_reason 'length'); prefill_buckets:
     padded prompt lengths (default: powers of two from 16, then max_len); dtype: serving dtype of the parameters,
     activations and KV cache (default: the config's); seed: draws the seeds of requests that give none;
-    warmup: compile every shape in the stepping thread before the first request runs.
+    decode_steps: tokens each running slot samples per device call (requests join and leave between calls; a
+    turn that ends inside a call wastes the rest of it); warmup: compile every shape in the stepping thread
+    before the first request runs.
     """
 
     def __init__(self, config: ModelConfig, params: Params, slots: int = 8, max_len: int = 1024,
                  prefill_buckets: Sequence[int] | None = None, dtype: str | None = None, seed: int = 0,
-                 warmup: bool = True) -> None:
+                 decode_steps: int = 8, warmup: bool = True) -> None:
         if slots < 1:
             raise ValueError(f"JaxEngine needs at least one slot, got slots={slots}")
+        if decode_steps < 1:
+            raise ValueError(f"JaxEngine decode_steps must be at least 1, got {decode_steps}")
         if max_len < 2:
             raise ValueError(f"JaxEngine max_len must be at least 2, got {max_len}")
         if max_len > config.max_position_embeddings:
@@ -61,6 +65,7 @@ class JaxEngine:
         self.config = config
         self.slots = slots
         self.max_len = max_len
+        self.decode_steps = decode_steps
         self.buckets = check_buckets(prefill_buckets or power_of_two_buckets(max_len), max_len)
         self._device = jax.local_devices()[0]
         self._param_paths, self._param_treedef = _paths_and_treedef(params)
@@ -149,7 +154,7 @@ class JaxEngine:
     # ---- stepping thread --------------------------------------------------------------------------------------
 
     def _run(self, warmup: bool) -> None:
-        """The stepping loop: admit waiting requests into free slots, decode one token for every running slot."""
+        """The stepping loop: admit waiting requests into free slots, then decode every running slot."""
         admitted: list[Request] = []  # out of the queue, maybe not in a slot yet: failed too if the thread dies
         try:
             if warmup:
@@ -189,7 +194,7 @@ class JaxEngine:
                 self._table.release(slot)
 
     def _admit(self, request: Request) -> list[tuple[Request, str]]:
-        """Prefill `request` into a free slot and record its first token; [(request, finish reason)] if that ended it."""
+        """Prefill `request` into a free slot and record its first token; [(request, reason)] if that ended it."""
         slot = self._table.free_slot()
         length = len(request.prompt_ids)
         ids = np.zeros(bucket_for(length, self.buckets), np.int32)
@@ -204,22 +209,33 @@ class JaxEngine:
         return []
 
     def _decode(self) -> list[tuple[Request, str]]:
-        """One decode step for every running slot; finished requests leave their slots and are returned."""
+        """`decode_steps` tokens for every running slot; finished requests leave their slots and are returned.
+
+        A slot's tokens are recorded in order up to the one that ends its turn; the rest of the call's are dropped.
+        """
+        table = self._table
+        tokens, logprobs = self._decode_call()
+        finished = []
+        for slot, request in table.occupied():
+            for step in range(self.decode_steps):
+                finish_reason = request.record(int(tokens[step, slot]), float(logprobs[step, slot]), self.max_len)
+                if finish_reason:
+                    table.release(slot)
+                    finished.append((request, finish_reason))
+                    break
+            else:
+                table.pending_tokens[slot] = tokens[-1, slot]
+        return finished
+
+    def _decode_call(self) -> tuple[np.ndarray, np.ndarray]:
+        """Run the jitted decode on the slot table's arrays (warm-up and decoding share it: same program)."""
         table = self._table
         with self._cond:
             params = self._params
         tokens, logprobs, self._cache = decode_and_sample(params, self.config, self._cache, table.pending_tokens,
-                                                          table.active, table.temperature, table.top_p, table.seeds)
-        tokens, logprobs = jax.device_get((tokens, logprobs))
-        finished = []
-        for slot, request in table.occupied():
-            finish_reason = request.record(int(tokens[slot]), float(logprobs[slot]), self.max_len)
-            if finish_reason:
-                table.release(slot)
-                finished.append((request, finish_reason))
-            else:
-                table.pending_tokens[slot] = tokens[slot]
-        return finished
+                                                          table.active, table.temperature, table.top_p, table.seeds,
+                                                          steps=self.decode_steps)
+        return jax.device_get((tokens, logprobs))
 
     def _prefill(self, slot: int, ids: np.ndarray, mask: np.ndarray, temperature: float, top_p: float,
                  seed: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -235,10 +251,7 @@ class JaxEngine:
         seed = seed_words(0)
         for bucket in self.buckets:
             self._prefill(0, np.zeros(bucket, np.int32), np.zeros(bucket, np.int32), 1.0, 1.0, seed)
-        table = self._table
-        _, _, self._cache = decode_and_sample(self._params, self.config, self._cache, table.pending_tokens,
-                                              table.active, table.temperature, table.top_p, table.seeds)
-        jax.block_until_ready(self._cache)
+        self._decode_call()
 
     def _publish_capacity(self) -> None:
         with self._cond:
@@ -299,7 +312,8 @@ class JaxEngine:
         leaves = jax.tree_util.tree_leaves(params)
         for path, leaf, shape in zip(paths, leaves, self._param_shapes):
             if tuple(np.shape(leaf)) != shape:
-                raise ValueError(f"parameter {path} has shape {tuple(np.shape(leaf))}, the engine's model needs {shape}")
+                raise ValueError(f"parameter {path} has shape {tuple(np.shape(leaf))}, the engine's model needs "
+                                 f"{shape}")
         dtype = self.config.jnp_param_dtype
         copies = [jax.device_put(leaf, self._device, may_alias=False) if _is_array_of(leaf, dtype)
                   else jax.device_put(np.asarray(leaf).astype(dtype), self._device) for leaf in leaves]

@@ -1,8 +1,9 @@
 """The JAX engine's device work: the two jitted steps and the prompt-length buckets that bound their shapes.
 
 `prefill_and_sample` starts one request in one slot (the slot is a traced index) from its prompt padded to a
-bucket length; `decode_and_sample` feeds every slot its pending token and samples the next. Their shapes depend
-only on (slots, max_len, bucket), so an engine compiles len(buckets) + 1 programs and nothing once warm
+bucket length; `decode_and_sample` feeds every slot its pending token and samples the next, a fixed number of
+times per call. Their shapes depend only on (slots, max_len, bucket, steps), so an engine compiles
+len(buckets) + 1 programs and nothing once warm
 (DESIGN "Functional learner": shapes are bucketed so a step compiles a bounded number of times).
 """
 
@@ -69,14 +70,21 @@ def prefill_and_sample(params: Params, config: ModelConfig, cache: KVCache, slot
     return tokens[0], logprobs[0], cache
 
 
-@functools.partial(jax.jit, static_argnames=("config",), donate_argnames=("cache",))
+@functools.partial(jax.jit, static_argnames=("config", "steps"), donate_argnames=("cache",))
 def decode_and_sample(params: Params, config: ModelConfig, cache: KVCache, token_ids: jax.Array, active: jax.Array,
-                      temperature: jax.Array, top_p: jax.Array,
-                      seeds: jax.Array) -> tuple[jax.Array, jax.Array, KVCache]:
-    """Cache each active slot's pending token ([B]) and sample its next one; inactive slots are left unchanged.
+                      temperature: jax.Array, top_p: jax.Array, seeds: jax.Array,
+                      steps: int = 1) -> tuple[jax.Array, jax.Array, KVCache]:
+    """`steps` decode steps in one call: each caches every active slot's pending token ([B]) and samples the next.
 
-    Returns (tokens [B], their temperature-1 log-probs [B], the cache); rows of inactive slots are junk.
+    Returns (tokens [steps, B], their temperature-1 log-probs [steps, B], the cache); inactive slots are left
+    unchanged and their rows are junk. Running several steps per call saves a host round trip per token; the
+    host discards what a slot samples after its turn ended (cache writes past max_len are dropped).
     """
-    logits, cache = decode_step(params, config, cache, token_ids, active)
-    tokens, logprobs = sample_tokens(logits, temperature, top_p, seeds, cache.lengths)
+    def step(carry: tuple[KVCache, jax.Array], _: None) -> tuple[tuple[KVCache, jax.Array], tuple[jax.Array, ...]]:
+        cache, pending = carry
+        logits, cache = decode_step(params, config, cache, pending, active)
+        tokens, logprobs = sample_tokens(logits, temperature, top_p, seeds, cache.lengths)
+        return (cache, tokens), (tokens, logprobs)
+
+    (cache, _), (tokens, logprobs) = jax.lax.scan(step, (cache, token_ids), None, length=steps)
     return tokens, logprobs, cache

@@ -2,7 +2,8 @@
 
 References are the learner's own functions: greedy decoding by re-running the full `forward` over the whole
 sequence at every step, and `token_logprobs` over prompt + generated tokens. Every engine here has the same
-shapes (4 slots of 64 tokens, buckets 16/32/64), so the programs compile once per test process.
+shapes (4 slots of 64 tokens, buckets 16/32/64, 4 decode steps per call; one more engine decodes 1 step per
+call), so the programs compile once per test process.
 """
 
 import asyncio
@@ -23,7 +24,7 @@ pytestmark = pytest.mark.slow
 
 CONFIG = ModelConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_layers=2, num_heads=4,
                      num_kv_heads=2, head_dim=16, tie_word_embeddings=False)  # untied: greedy does not just repeat
-SLOTS, MAX_LEN = 4, 64
+SLOTS, MAX_LEN, DECODE_STEPS = 4, 64, 4
 BACKEND_COMPILE = "/jax/core/compile/backend_compile_duration"
 TIMEOUT = 120.0
 
@@ -40,7 +41,7 @@ def other_params():
 
 @pytest.fixture(scope="module")
 def engine(params):
-    engine = JaxEngine(CONFIG, params, slots=SLOTS, max_len=MAX_LEN)
+    engine = JaxEngine(CONFIG, params, slots=SLOTS, max_len=MAX_LEN, decode_steps=DECODE_STEPS)
     engine.wait_ready(timeout=600)
     yield engine
     engine.close()
@@ -248,13 +249,15 @@ def test_nothing_compiles_once_warm(engine, params):
     samplings = [SamplingParams(temperature=t, top_p=p, max_new_tokens=12, seed=i, stop_token_ids=(5,))
                  for i, (t, p) in enumerate([(0.0, 1.0), (1.0, 1.0), (0.6, 0.9), (1.0, 0.5)] * 2)]
     host_params = jax.tree.map(np.asarray, params)
+    programs = engine.compiled_programs()
     with count_compiles() as compiles:
         run(generate_all(engine, prompts, samplings))
         run(engine.update_weights(host_params, 3))
         run(generate_all(engine, prompts[::-1], samplings))
         run(engine.update_weights(params, 0))
     assert compiles == []
-    assert engine.compiled_programs() == {"prefill": 3, "decode": 1}
+    assert engine.compiled_programs() == programs
+    assert programs["prefill"] >= len(engine.buckets) == 3
 
 
 def test_cancelled_requests_leave_and_the_engine_goes_on(engine):
@@ -277,7 +280,7 @@ def test_cancelled_requests_leave_and_the_engine_goes_on(engine):
 
 
 def test_close_fails_pending_requests_and_refuses_new_ones(params):
-    engine = JaxEngine(CONFIG, params, slots=SLOTS, max_len=MAX_LEN)
+    engine = JaxEngine(CONFIG, params, slots=SLOTS, max_len=MAX_LEN, decode_steps=DECODE_STEPS)
     prompts = random_prompts([3] * 6, seed=10)
     sampling = SamplingParams(temperature=1.0, max_new_tokens=60)
 
@@ -296,7 +299,7 @@ def test_close_fails_pending_requests_and_refuses_new_ones(params):
 
 
 def test_a_dead_stepping_thread_fails_every_request_instead_of_hanging(params):
-    engine = JaxEngine(CONFIG, params, slots=SLOTS, max_len=MAX_LEN)
+    engine = JaxEngine(CONFIG, params, slots=SLOTS, max_len=MAX_LEN, decode_steps=DECODE_STEPS)
     engine.wait_ready(timeout=600)
     prompts = random_prompts([3] * 6, seed=11)
     sampling = SamplingParams(temperature=1.0, max_new_tokens=60)
@@ -318,15 +321,30 @@ def test_a_dead_stepping_thread_fails_every_request_instead_of_hanging(params):
     engine.close()
 
 
+def test_tokens_per_device_call_do_not_change_what_is_sampled(engine, params):
+    prompts = random_prompts([4, 19, 33, 8, 50, 2], seed=12)
+    samplings = [SamplingParams(temperature=1.0, top_p=0.9, max_new_tokens=n, seed=100 + i, stop_token_ids=(7,))
+                 for i, n in enumerate([30, 9, 25, 14, 13, 40])]
+    single = JaxEngine(CONFIG, params, slots=SLOTS, max_len=MAX_LEN, decode_steps=1)
+    try:
+        one_by_one = run(generate_all(single, prompts, samplings))
+    finally:
+        single.close()
+    four_at_once = run(generate_all(engine, prompts, samplings))
+    for a, b in zip(one_by_one, four_at_once):
+        assert (a.token_ids, a.finish_reason) == (b.token_ids, b.finish_reason)
+        np.testing.assert_allclose(a.logprobs, b.logprobs, atol=1e-5)
+
+
 def test_engine_knobs_are_gin_configurable(params):
     gin.parse_config(["JaxEngine.slots = 2", "JaxEngine.max_len = 48", "JaxEngine.prefill_buckets = (20, 48)",
-                      "JaxEngine.dtype = 'bfloat16'", "JaxEngine.warmup = False"])
+                      "JaxEngine.dtype = 'bfloat16'", "JaxEngine.decode_steps = 3", "JaxEngine.warmup = False"])
     try:
         engine = JaxEngine(CONFIG, params)
     finally:
         gin.clear_config()
     try:
-        assert (engine.slots, engine.max_len, engine.buckets) == (2, 48, (20, 48))
+        assert (engine.slots, engine.max_len, engine.buckets, engine.decode_steps) == (2, 48, (20, 48), 3)
         assert engine.config.dtype == engine.config.param_dtype == "bfloat16"
         assert run(engine.capacity()).kv_tokens_total == 96
     finally:

@@ -65,6 +65,8 @@ def test_jax_and_transformers_run_writes_every_figure(tmp_path, clean_gin):
     for figures in throughput.values():
         assert figures["generated_tokens"] == 15 and figures["tokens_per_s"] > 0
     assert throughput["transformers"]["ratio_vs_transformers"] == 1.0
+    probed = throughput["transformers"]["thread_probe_s"]
+    assert "1" in probed and str(throughput["transformers"]["threads"]) in probed  # the faster of the probes
     assert throughput["jax"]["ratio_vs_transformers"] == pytest.approx(
         throughput["jax"]["tokens_per_s"] / throughput["transformers"]["tokens_per_s"])
     assert throughput["jax"]["prefill_buckets"] == [16]
