@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import gin
 import pytest
 
+from rstar_jax.agent import ToolCall, format_tool_response
 from rstar_jax.agent.trajectory import FinishReason, ToolCallRecord, Trajectory
 from rstar_jax.data.problem import Problem
 from rstar_jax.gin_setup import parse_gin
 from rstar_jax.rollout.agent_loop import AgentLoop, RolloutSample, single_token_id, turn_seed
+from rstar_jax.rollout.engine import SamplingParams
 from rstar_jax.rollout.rollout import rollout_stats
 from rstar_jax.rollout.router import EngineLoad, FailoverEngine, least_in_flight
 from rstar_jax.tokenizers import load_tokenizer
@@ -32,9 +36,26 @@ def test_stop_tokens_are_single_ids_of_the_tiny_tokenizer():
         single_token_id(tokenizer, "print")
 
 
-def test_failover_engine_rejects_an_empty_engine_list():
+def test_failover_engine_rejects_an_empty_engine_list_and_a_policy_choosing_no_live_engine():
     with pytest.raises(ValueError, match="at least one engine"):
         FailoverEngine([])
+    with pytest.raises(ValueError, match=r"routing policy chose engine 5, which is not among the live engines \[0\]"):
+        asyncio.run(FailoverEngine([None], policy=lambda loads: 5).generate([1], SamplingParams()))
+
+
+class RaisingExecutor:
+    """A tool executor whose transport breaks (the sandbox client never raises; other executors might)."""
+
+    async def run(self, code: str, stdin: str = "", *, timeout_s: float | None = None):
+        raise ConnectionResetError("peer went away")
+
+
+def test_an_executor_that_raises_gives_a_failed_call_the_model_reads():
+    loop = AgentLoop(None, RaisingExecutor(), load_tokenizer("tiny"))
+    outcome = asyncio.run(loop._run_call(ToolCall("print(1)")))
+    assert (outcome.status, outcome.ok, outcome.exit_code) == ("unavailable", False, None)
+    assert format_tool_response(outcome, show_duration=False) == (
+        "failed (unavailable)\nstderr:\nthe tool could not be run: ConnectionResetError: peer went away")
 
 
 def _trajectory(statuses: list[tuple[str, bool]], reason: FinishReason, response: int) -> Trajectory:
