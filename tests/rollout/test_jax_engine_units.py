@@ -73,7 +73,7 @@ def test_temperature_sharpens_but_logprobs_stay_at_temperature_one():
 
 def test_temperature_zero_is_argmax_whatever_the_seed():
     logits = np.random.default_rng(0).normal(size=(6, 50)).astype(np.float32)
-    tokens, logprobs = sample_tokens(jnp.asarray(logits), jnp.zeros(6), jnp.full(6, 0.3), jnp.asarray(
+    tokens, logprobs = jax.jit(sample_tokens)(jnp.asarray(logits), jnp.zeros(6), jnp.full(6, 0.3), jnp.asarray(
         [seed_words(s) for s in range(6)]), jnp.arange(6, dtype=jnp.int32))
     np.testing.assert_array_equal(tokens, logits.argmax(-1))
     log_softmax = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
@@ -86,14 +86,15 @@ def test_a_rows_sample_depends_on_its_seed_and_position_only():
     seeds = np.array([seed_words(s) for s in rng.integers(0, 1 << 40, 8)])
     positions = rng.integers(0, 500, 8).astype(np.int32)
     temperature, top_p = np.full(8, 0.9, np.float32), np.full(8, 0.95, np.float32)
-    batched, _ = sample_tokens(logits, temperature, top_p, seeds, positions)
+    sample = jax.jit(sample_tokens)
+    batched, _ = sample(logits, temperature, top_p, seeds, positions)
     permutation = rng.permutation(8)
-    permuted, _ = sample_tokens(logits[permutation], temperature[permutation], top_p[permutation],
-                                seeds[permutation], positions[permutation])
+    permuted, _ = sample(logits[permutation], temperature[permutation], top_p[permutation], seeds[permutation],
+                         positions[permutation])
     np.testing.assert_array_equal(np.asarray(permuted), np.asarray(batched)[permutation])
     for row in range(8):
-        alone, _ = sample_tokens(logits[row:row + 1], temperature[:1], top_p[:1], seeds[row:row + 1],
-                                 positions[row:row + 1])
+        alone, _ = sample(logits[row:row + 1], temperature[:1], top_p[:1], seeds[row:row + 1],
+                          positions[row:row + 1])
         assert int(alone[0]) == int(batched[row])
     different_seed, _ = draw(1.0, 1.0, seed=4, draws=200)
     assert not np.array_equal(different_seed, draw(1.0, 1.0, seed=3, draws=200)[0])
