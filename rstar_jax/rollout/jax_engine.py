@@ -94,6 +94,8 @@ class JaxEngine:
 
     async def generate(self, prompt_ids: Sequence[int], sampling: SamplingParams) -> Generation:
         """Sample one turn continuing `prompt_ids` (GenerationEngine); EngineUnavailable once the engine is down."""
+        if not isinstance(sampling, SamplingParams):
+            raise TypeError(f"sampling must be a SamplingParams, got {type(sampling).__name__}")
         prompt = self._check_prompt(prompt_ids)
         loop = asyncio.get_running_loop()
         with self._cond:

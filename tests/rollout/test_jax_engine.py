@@ -172,6 +172,9 @@ def test_prompts_that_do_not_fit_or_are_not_token_ids_are_rejected(engine):
         run(engine.generate([1, 256], sampling))
     with pytest.raises(ValueError, match="integers"):
         run(engine.generate([1.5], sampling))
+    with pytest.raises(TypeError, match="SamplingParams, got dict"):
+        run(engine.generate([1, 2], {"temperature": 0.0}))
+    assert run(engine.generate([1, 2], sampling)).token_ids  # still serving
 
 
 def test_capacity_reports_live_tokens_running_and_waiting(engine):
