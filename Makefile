@@ -17,3 +17,10 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+# Benchmarks (not part of the tests; figures go to artifacts/ and BENCHMARKS.md says how they were made).
+bench: $(STAMP)
+	mkdir -p artifacts
+	$(PY) -m experiments.bench.learner --json artifacts/bench_learner.json
+	$(PY) -m experiments.bench.engine --json artifacts/bench_engine.json
+	$(PY) -m experiments.bench.sandbox --json artifacts/bench_sandbox.json

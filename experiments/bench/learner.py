@@ -30,26 +30,17 @@ import tempfile
 import time
 from typing import Any, Callable, Sequence
 
-import gin
 import jax
 import jax.numpy as jnp
 import numpy as np
 import torch
 import transformers
 
+from experiments.make_tiny_model import TINY_MODEL_GIN
+from rstar_jax.gin_setup import parse_gin
 from rstar_jax.model import ModelConfig, forward, init_params, save_hf
 
 # The tiny demo model; --gin_file / --gin_param bindings of ModelConfig override any of these.
-TINY_DEMO_BINDINGS: tuple[str, ...] = (
-    "ModelConfig.family = 'qwen3'",
-    "ModelConfig.vocab_size = 1024",
-    "ModelConfig.hidden_size = 256",
-    "ModelConfig.intermediate_size = 768",
-    "ModelConfig.num_layers = 4",
-    "ModelConfig.num_heads = 8",
-    "ModelConfig.num_kv_heads = 2",
-    "ModelConfig.head_dim = 32",
-)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -229,8 +220,8 @@ def format_table(result: dict[str, Any]) -> str:
 
 
 def model_config_from_gin(gin_files: Sequence[str], gin_params: Sequence[str]) -> ModelConfig:
-    """The tiny demo ModelConfig with the user's gin files and bindings applied on top."""
-    gin.parse_config_files_and_bindings(list(gin_files), [*TINY_DEMO_BINDINGS, *gin_params])
+    """The tiny demo ModelConfig (gin/model/tiny.gin) with the user's gin files and bindings applied on top."""
+    parse_gin([TINY_MODEL_GIN, *gin_files], gin_params)
     return ModelConfig()
 
 
