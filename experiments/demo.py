@@ -67,6 +67,7 @@ def rollout_demo(model_dir: Path, problems: int = 16, samples_per_problem: int =
         **{k: v for k, v in dataclasses.asdict(stats).items() if k != "trajectories"},
         "trajectories_per_s": stats.trajectories_per_s,
         "tool_calls_per_s": stats.tool_calls_per_s,
+        "example_verified": any(rewards),
         "example": responses[next((i for i, r in enumerate(rewards) if r), 0)],
     }
 
@@ -95,7 +96,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     write_operative_config(out)
     (out / "demo_summary.json").write_text(json.dumps(summary, indent=1) + "\n")
     print(json.dumps({k: v for k, v in summary.items() if k != "example"}, indent=1))
-    print("a verified trajectory:\n" + summary["example"])
+    label = "a verified trajectory" if summary["example_verified"] else "no answer verified; the first trajectory"
+    print(f"{label}:\n{summary['example']}")
     return summary
 
 
