@@ -12,6 +12,7 @@ and vLLM load.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import re
 from pathlib import Path
 from typing import Sequence
@@ -42,7 +43,7 @@ TOOL_MODEL_SHAPE = ("ModelConfig.hidden_size = 64", "ModelConfig.intermediate_si
                     "ModelConfig.head_dim = 32", "ModelConfig.max_position_embeddings = 1024")
 PROGRAM = ToolCall(code="print(6 * 7)")
 ANSWER_TURN = "<answer>\\boxed{42}</answer>"
-SFT_QUESTIONS, SFT_STEPS, SFT_LEARNING_RATE = 4, 150, 1e-2
+SFT_QUESTIONS, SFT_STEPS, SFT_LEARNING_RATE = 4, 200, 1e-2
 SANDBOX_ARGS = ("--workers", "2", "--default-timeout-s", "10")
 TRAINED_MARK = "sft_loss.txt"
 MAX_TURNS, BUDGET = 4, 512  # the rollouts' turn limit and response budget
@@ -64,6 +65,7 @@ async def _transcripts(url: str, count: int) -> list[Trajectory]:
         outcome = await client.run(PROGRAM.code)
     if not outcome.ok:
         raise RuntimeError(f"the sandbox failed to run {PROGRAM.code!r}: {outcome}")
+    outcome = dataclasses.replace(outcome, duration_ms=0.0)  # the same training data, however fast the sandbox ran
     tokenizer = load_tokenizer("tiny")
     return [transcript(tokenizer, problem.question, outcome) for problem in synthetic_problems(count, seed=11)]
 
@@ -82,12 +84,13 @@ def padded_batch(trajectories: Sequence[Trajectory], multiple: int = 64) -> tupl
 
 def overfit(config: ModelConfig, params: Params, trajectories: Sequence[Trajectory], steps: int,
             learning_rate: float) -> tuple[Params, float]:
-    """Adam on the masked next-token loss of `trajectories` (whole batch each step); (params, final loss)."""
+    """Adam (clipped gradients) on the masked next-token loss of `trajectories`, whole batch each step; returns the
+    parameters with the lowest loss seen (a late loss spike cannot spoil them) and that loss."""
     ids, attention, loss_mask = padded_batch(trajectories)
     inputs, targets = jnp.asarray(ids[:, :-1]), jnp.asarray(ids[:, 1:])
     mask, weights = jnp.asarray(attention[:, :-1]), jnp.asarray(loss_mask[:, 1:], jnp.float32)
     positions = positions_from_mask(mask)
-    optimizer = optax.adam(learning_rate)
+    optimizer = optax.chain(optax.clip_by_global_norm(1.0), optax.adam(learning_rate))
 
     def loss_fn(p: Params) -> jax.Array:
         logprobs = token_logprobs(p, config, inputs, positions, mask, targets)
@@ -100,10 +103,13 @@ def overfit(config: ModelConfig, params: Params, trajectories: Sequence[Trajecto
         return optax.apply_updates(p, updates), state, loss
 
     state = optimizer.init(params)
-    loss = jnp.inf
+    best_params, best_loss = params, np.inf
     for _ in range(steps):
-        params, state, loss = step(params, state)
-    return params, float(loss)
+        updated, state, loss = step(params, state)
+        if float(loss) < best_loss:  # `loss` is that of `params`, before this update
+            best_params, best_loss = params, float(loss)
+        params = updated
+    return best_params, best_loss
 
 
 def tool_calling_model(folder: Path, sandbox_url: str) -> CausalLM:

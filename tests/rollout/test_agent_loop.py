@@ -35,6 +35,7 @@ from sandbox_server.launcher import ServerProcess, free_port, running_server
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
 
 SLOTS, MAX_LEN = 16, 1024
+BUCKETS = (512, 1024)  # prompts are ~330 tokens, later turns' contexts up to ~850: two prefill programs to compile
 
 
 @pytest.fixture(scope="module")
@@ -54,7 +55,7 @@ def tokenizer():
 
 
 def new_engine(model: CausalLM) -> JaxEngine:
-    engine = JaxEngine(model.config, model.params, slots=SLOTS, max_len=MAX_LEN)
+    engine = JaxEngine(model.config, model.params, slots=SLOTS, max_len=MAX_LEN, prefill_buckets=BUCKETS)
     engine.wait_ready(timeout=900)
     return engine
 
