@@ -8,6 +8,7 @@ from pathlib import Path
 import gin
 import pytest
 
+from experiments.sft import DEFAULT_GIN
 from rstar_jax.gin_setup import parse_gin
 from rstar_jax.train.format_probe import calls_parse, probe_format
 
@@ -27,11 +28,13 @@ def test_sft_model_calls_the_tool_on_new_problems(sft_model_dir: Path) -> None:
     metrics = json.loads((sft_model_dir.parent / "metrics.json").read_text())
     losses = [entry["loss"] for entry in metrics["log"]]
     assert losses[-1] < 0.25 * losses[0], losses
-    parse_gin(["sft/tiny_format.gin"])  # the SFT's prompt wording
+    parse_gin([DEFAULT_GIN])  # the SFT's prompt wording
     try:
-        result = probe_format(sft_model_dir, num_problems=16)
+        result = probe_format(sft_model_dir, num_problems=32)
     finally:
         gin.clear_config()
-    # Measured with 88 steps (loss 7.04 -> 0.41): greedy first turns parse in 14/32 new problems, sampled (T=1)
-    # ones in 2/32, greedy accuracy 0/32. The goal (>= 90% at T=1) needs more steps than the 2-core budget allows.
-    assert result["greedy_first_turn_call_rate"] >= 0.25, json.dumps(result["samples"][:3], indent=1)
+    # Measured after 160 steps (loss 7.04 -> 0.20), 32 new problems: sampled (T=1) first turns parse in 84%,
+    # greedy ones in 100%, greedy multi-turn accuracy 22%. Thresholds leave room for run-to-run variation.
+    assert result["tool_call_rate"] >= 0.6, json.dumps(result["samples"][:3], indent=1)
+    assert result["greedy_first_turn_call_rate"] >= 0.75
+    assert result["greedy_accuracy"] > 0
