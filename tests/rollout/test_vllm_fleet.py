@@ -8,6 +8,7 @@ Both servers start at once for the whole module and are always stopped (process 
 from __future__ import annotations
 
 import asyncio
+import time
 from typing import Any, Awaitable, Iterator
 
 import gin
@@ -64,6 +65,17 @@ def run(fleet: VLLMFleet, coroutine: Awaitable[Any]) -> Any:
             await fleet.aclose()
 
     return asyncio.run(main())
+
+
+async def until_in_flight(engine: VLLMServerEngine, task: asyncio.Task, settle_s: float = 2.0) -> None:
+    """Return once `task`'s turn is being generated: the server reports a running request, or the turn has run for
+    `settle_s` seconds without finishing. The /metrics gauges can miss a turn entirely, so polling them alone
+    could wait forever (seen: a 120-token turn finished while every poll read 0 running)."""
+    started = time.monotonic()
+    while (await engine.capacity()).requests_running == 0 and time.monotonic() - started < settle_s:
+        assert not task.done(), "the turn finished before it was seen in flight; make it longer"
+        await asyncio.sleep(0.02)
+    assert not task.done(), "the turn finished before it was seen in flight; make it longer"
 
 
 def test_generate_returns_sampled_ids_with_their_raw_logprobs(served):
@@ -165,15 +177,14 @@ def test_a_turn_in_flight_during_a_sync_finishes_on_the_old_weights(served):
     new = sharpened(init_params(model.config, jax.random.key(8)), 4.0)
 
     async def sync_during_generation():
-        task = asyncio.create_task(engine.generate(PROMPT, SamplingParams(max_new_tokens=120, seed=2)))
-        while (await engine.capacity()).requests_running == 0:
-            await asyncio.sleep(0.02)
+        task = asyncio.create_task(engine.generate(PROMPT, SamplingParams(max_new_tokens=400, seed=2)))
+        await until_in_flight(engine, task)
         await fleet.update_weights(new, version=20)  # pause(mode="wait") drains the turn first
         assert task.done()
         return task.result(), await engine.score(SCORED)
 
     turn, after = run(fleet, sync_during_generation())
-    assert len(turn.token_ids) == 120
+    assert len(turn.token_ids) == 400
     old_expected = jax_scores(model.config, model.params, PROMPT + turn.token_ids)[len(PROMPT) - 1:]
     np.testing.assert_allclose(turn.logprobs, old_expected, atol=1e-4)
     np.testing.assert_allclose(after, jax_scores(model.config, new, SCORED), atol=1e-4)
@@ -187,9 +198,8 @@ def test_keep_mode_sync_switches_a_turn_in_flight_to_the_new_weights(served):
 
     async def sync_back_then_keep_mode_sync():
         await fleet.update_weights(old, version=30)
-        task = asyncio.create_task(engine.generate(PROMPT, SamplingParams(max_new_tokens=200, seed=4)))
-        while (await engine.capacity()).requests_running == 0:
-            await asyncio.sleep(0.02)
+        task = asyncio.create_task(engine.generate(PROMPT, SamplingParams(max_new_tokens=400, seed=4)))
+        await until_in_flight(engine, task)
         await asyncio.sleep(0.5)
         gin.bind_parameter("push_weights.pause_mode", "keep")
         try:
@@ -200,14 +210,14 @@ def test_keep_mode_sync_switches_a_turn_in_flight_to_the_new_weights(served):
         return still_running, await task
 
     still_running, turn = run(fleet, sync_back_then_keep_mode_sync())
-    assert still_running and len(turn.token_ids) == 200
+    assert still_running and len(turn.token_ids) == 400
     sequence = PROMPT + turn.token_ids
     by_old = jax_scores(model.config, old, sequence)[len(PROMPT) - 1:]
     by_new = jax_scores(model.config, new, sequence)[len(PROMPT) - 1:]
     on_old = np.abs(np.asarray(turn.logprobs) - by_old) < 1e-4
     on_new = np.abs(np.asarray(turn.logprobs) - by_new) < 1e-4
     switch = int(np.argmin(on_old))  # first token not sampled by the old weights
-    assert 0 < switch < 200 and on_old[:switch].all() and on_new[switch:].all()
+    assert 0 < switch < 400 and on_old[:switch].all() and on_new[switch:].all()
 
 
 def test_a_server_killed_mid_generation_raises_engine_unavailable(served):
@@ -216,9 +226,7 @@ def test_a_server_killed_mid_generation_raises_engine_unavailable(served):
 
     async def kill_during_generation():
         task = asyncio.create_task(engine.generate(PROMPT, SamplingParams(max_new_tokens=480, seed=1)))
-        while (await engine.capacity()).requests_running == 0:
-            assert not task.done(), "the generation ended before the server could be killed"
-            await asyncio.sleep(0.05)
+        await until_in_flight(engine, task)
         fleet.servers[0].kill()
         with pytest.raises(EngineUnavailable):
             await task
