@@ -18,8 +18,7 @@ from typing import Iterator
 import numpy as np
 import pytest
 
-from agent_loop_fixtures import (INVALID_CALL, SANDBOX_ARGS, check_trajectory, learner_logprobs, run_rollout,
-                                 tool_calling_model)
+from agent_loop_fixtures import INVALID_CALL, check_trajectory, learner_logprobs, run_rollout
 from rstar_jax.agent.trajectory import FinishReason
 from rstar_jax.data.synthetic import synthetic_problems
 from rstar_jax.model import CausalLM
@@ -30,23 +29,12 @@ from rstar_jax.rollout.rollout import rollout_stats
 from rstar_jax.rollout.router import AllEnginesDown, FailoverEngine
 from rstar_jax.tokenizers import load_tokenizer
 from sandbox_server.api import Status
-from sandbox_server.launcher import ServerProcess, free_port, running_server
+from sandbox_server.launcher import free_port
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
 
 SLOTS, MAX_LEN = 16, 1024
 BUCKETS = (512, 1024)  # prompts are ~330 tokens, later turns' contexts up to ~850: two prefill programs to compile
-
-
-@pytest.fixture(scope="module")
-def sandbox() -> Iterator[ServerProcess]:
-    with running_server(SANDBOX_ARGS) as server:
-        yield server
-
-
-@pytest.fixture(scope="module")
-def model(sandbox: ServerProcess, tmp_path_factory: pytest.TempPathFactory) -> CausalLM:
-    return tool_calling_model(tmp_path_factory.getbasetemp() / "tool-calling-model", sandbox.url)
 
 
 @pytest.fixture(scope="module")

@@ -14,7 +14,7 @@ from typing import Any, Awaitable, Iterator
 import numpy as np
 import pytest
 
-from agent_loop_fixtures import SANDBOX_ARGS, check_trajectory, learner_logprobs, run_rollout, tool_calling_model
+from agent_loop_fixtures import check_trajectory, learner_logprobs, run_rollout
 from rstar_jax.data.synthetic import synthetic_problems
 from rstar_jax.model import CausalLM
 from rstar_jax.rollout.rollout import rollout_stats
@@ -23,7 +23,6 @@ from rstar_jax.rollout.vllm_engine import VLLMServerEngine
 from rstar_jax.rollout.vllm_server import VLLMServer, start_server, wait_healthy
 from rstar_jax.tokenizers import load_tokenizer
 from sandbox_server.api import Status
-from sandbox_server.launcher import ServerProcess, running_server
 from vllm_fixtures import TEST_SERVER_ARGS, TEST_SERVER_ENV
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(2400)]
@@ -33,17 +32,6 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(2400)]
 # its engine core ("CPU Generator does not use offset") when a seeded request's chunked prefill is rescheduled.
 SERVER_ARGS = (*TEST_SERVER_ARGS, "--max-model-len", "1024", "--max-num-seqs", "32",
                "--max-num-batched-tokens", "32768")
-
-
-@pytest.fixture(scope="module")
-def sandbox() -> Iterator[ServerProcess]:
-    with running_server(SANDBOX_ARGS) as server:
-        yield server
-
-
-@pytest.fixture(scope="module")
-def model(sandbox: ServerProcess, tmp_path_factory: pytest.TempPathFactory) -> CausalLM:
-    return tool_calling_model(tmp_path_factory.getbasetemp() / "tool-calling-model", sandbox.url)
 
 
 @pytest.fixture(scope="module")
