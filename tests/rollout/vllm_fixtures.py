@@ -15,8 +15,12 @@ from rstar_jax.gin_setup import parse_gin
 from rstar_jax.model import CausalLM, ModelConfig, positions_from_mask, token_logprobs
 from rstar_jax.model.lm import Params
 
-# float32 for 1e-4 parity; eager mode skips minutes of torch.compile warm-up on a shared 2-core box.
-TEST_SERVER_ARGS = ("--dtype", "float32", "--max-model-len", "512", "--max-num-seqs", "8", "--enforce-eager")
+# float32 for 1e-4 parity; eager mode skips minutes of torch.compile warm-up on a shared 2-core box. Turns that must
+# still be running when the test acts on them are long (MAX_MODEL_LEN) because /metrics can take seconds to answer
+# while the server decodes on 2 busy cores.
+MAX_MODEL_LEN = 2048
+TEST_SERVER_ARGS = ("--dtype", "float32", "--max-model-len", str(MAX_MODEL_LEN), "--max-num-seqs", "8",
+                    "--enforce-eager")
 TEST_SERVER_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1"}  # GiB of KV cache per server
 KV_CACHE_BYTES = 2**30
 
