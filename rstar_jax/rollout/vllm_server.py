@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -24,16 +23,10 @@ from typing import Any, Sequence
 import gin
 
 from rstar_jax.rollout.vllm_worker_extension import EXTENSION_QUALNAME
+from sandbox_server.launcher import free_port
 
 _REPO_ROOT = Path(__file__).resolve().parents[2]
 _DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # health checks never go through a proxy
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port on `host` that nothing listens on right now."""
-    with socket.socket() as sock:
-        sock.bind((host, 0))
-        return sock.getsockname()[1]
 
 
 class VLLMServer:

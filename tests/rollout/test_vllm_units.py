@@ -20,7 +20,6 @@ from rstar_jax.rollout.vllm_engine import VLLMServerEngine, generation_from_comp
 from rstar_jax.rollout.vllm_fleet import VLLMFleet, make_fleet, measure_weight_sync
 from rstar_jax.rollout.vllm_metrics import capacity_from_metrics, kv_tokens_per_engine
 from rstar_jax.rollout.vllm_server import (
-    free_port,
     launch_servers,
     server_command,
     server_env,
@@ -28,6 +27,7 @@ from rstar_jax.rollout.vllm_server import (
     wait_healthy,
 )
 from rstar_jax.rollout.vllm_weight_sync import push_weights, write_sync_checkpoint
+from sandbox_server.launcher import free_port
 from rstar_jax.rollout.vllm_worker_extension import EXTENSION_QUALNAME, shard_paths
 
 CACHE_INFO = ('vllm:cache_config_info{block_size="128",cache_dtype="auto",enable_prefix_caching="True",engine="{e}",'
