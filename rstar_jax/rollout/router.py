@@ -70,6 +70,11 @@ class FailoverEngine:
         return [index for index in range(len(self.engines)) if index not in self._down]
 
     @property
+    def in_flight(self) -> tuple[int, ...]:
+        """Turns each engine is generating for this router right now (what `least_in_flight` routes on)."""
+        return tuple(self._in_flight)
+
+    @property
     def down(self) -> dict[int, str]:
         """Index -> the failure that took each engine down."""
         return dict(self._down)
