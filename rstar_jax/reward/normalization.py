@@ -1,7 +1,8 @@
 """Rewriting an answer string into a canonical form before comparison (SPEC 3: "normalised").
 
 Only presentation is removed: display commands, spacing, units in `\\text{}`, degree and percent signs, thousands
-separators, `x =` before a value, "and"/"or" between listed values. Two answers with equal normal forms are equal;
+separators, `x =` before a value, "and"/"or" between listed values; the range of one variable (`3 \\le x < 5`) is
+written as its interval and the empty set has one spelling. Two answers with equal normal forms are equal;
 different normal forms go on to the math-verify and sympy checkers, which decide mathematical equivalence.
 """
 
@@ -20,6 +21,7 @@ _UNICODE_MATH = str.maketrans(
         "√": "\\sqrt ",
         "≤": "\\le ",
         "≥": "\\ge ",
+        "∅": "\\emptyset ",
     }
 )
 _DISPLAY_COMMANDS = re.compile(r"\\(?:displaystyle|textstyle|left|right|big|Big|bigg|Bigg)(?![A-Za-z])")
@@ -43,6 +45,11 @@ _WORD = re.compile(r"[A-Za-z]{3,}")
 _LATEX_COMMAND = re.compile(r"\\(?:begin|end)\s*\{[A-Za-z*]+\}|\\[A-Za-z]+")
 _MATH_WORDS = frozenset({"sqrt", "pi", "sin", "cos", "tan", "cot", "sec", "csc", "log", "ln", "exp", "oo", "inf"})
 _SPACE_NOT_BETWEEN_LETTERS = re.compile(r"(?<![A-Za-z])\s+|\s+(?![A-Za-z])")
+_EMPTY_SET = re.compile(r"\\varnothing(?![A-Za-z])|\\\{\s*\\\}")
+_COMPARISON = re.compile(r"\s*((?:\\leq?|\\geq?|\\lt|\\gt)(?![A-Za-z])|<=|>=|<|>)\s*")
+_INCLUSIVE = {"\\le", "\\leq", "\\ge", "\\geq", "<=", ">="}
+_GREATER = {"\\ge", "\\geq", "\\gt", ">=", ">"}
+_VARIABLE = re.compile(r"^[A-Za-z]$")
 
 
 def _canonical_decimal(text: str) -> str:
@@ -78,6 +85,30 @@ def _without_thousands_separators(text: str) -> str:
     return text
 
 
+def _interval_from_inequality(text: str) -> str:
+    """`3 \\le x < 5` -> `[3,5)`, `x > 2` -> `(2,\\infty)`, `5 \\ge x` -> `(-\\infty,5]`: an answer given as the
+    range of one variable becomes the interval a reference would write; anything else is unchanged."""
+    parts = _COMPARISON.split(text.strip())
+    if len(parts) == 3 and _VARIABLE.match(parts[0]):  # x < b or x > a
+        _, op, bound = parts
+        greater = op in _GREATER
+        low, high, ops = (bound, "\\infty", (op, "<")) if greater else ("-\\infty", bound, ("<", op))
+    elif len(parts) == 3 and _VARIABLE.match(parts[2]):  # a < x or b > x
+        bound, op, _ = parts
+        greater = op in _GREATER
+        low, high, ops = ("-\\infty", bound, ("<", op)) if greater else (bound, "\\infty", (op, "<"))
+    elif len(parts) == 5 and _VARIABLE.match(parts[2]) and (parts[1] in _GREATER) == (parts[3] in _GREATER):
+        first, op1, _, op2, last = parts
+        low, high, ops = (last, first, (op2, op1)) if op1 in _GREATER else (first, last, (op1, op2))
+    else:
+        return text
+    if not low or not high:
+        return text
+    opening = "[" if ops[0] in _INCLUSIVE else "("
+    closing = "]" if ops[1] in _INCLUSIVE else ")"
+    return f"{opening}{low},{high}{closing}"
+
+
 def latex_from_unicode(text: str) -> str:
     """Unicode math signs a model may write (−, π, √, ∞, ×) as the LaTeX both checkers read."""
     return text.translate(_UNICODE_MATH)
@@ -99,6 +130,8 @@ def normalize_answer(text: str) -> str:
         text = whole_text.group(1).strip()
     text = _without_units(text)
     text = _TEXT_COMMAND.sub(r"\1", text).strip()
+    text = _EMPTY_SET.sub("\\\\emptyset", text)
+    text = _interval_from_inequality(text)
     if text.count("=") == text.count(",") + 1:  # `x = 3`, `x = 2, x = 3`: each value assigned to one variable
         text = _VARIABLE_ASSIGNMENT.sub(r"\1", text).strip()
     text = _without_thousands_separators(text)
