@@ -26,6 +26,7 @@ import gin
 from experiments.make_tiny_model import TINY_MODEL_GIN
 from experiments.sft import DEFAULT_GIN as SFT_GIN
 from experiments.sft import train_sft
+from rstar_jax.agent.trajectory import sampled_turn_texts
 from rstar_jax.data.synthetic import synthetic_problems
 from rstar_jax.gin_setup import parse_gin, write_operative_config
 from rstar_jax.reward import verify_batch
@@ -57,8 +58,9 @@ def rollout_demo(model_dir: Path, problems: int = 16, samples_per_problem: int =
             seconds = time.monotonic() - started
     finally:
         engine.close()
-    responses = [tokenizer.decode(s.trajectory.token_ids[s.trajectory.prompt_length:]) for s in samples]
-    rewards = verify_batch(responses, [s.problem.answer for s in samples])
+    answers = ["\n".join(sampled_turn_texts(s.trajectory, tokenizer)) for s in samples]  # model text, no tool output
+    rewards = verify_batch(answers, [s.problem.answer for s in samples])
+    example = samples[next((i for i, r in enumerate(rewards) if r), 0)].trajectory
     stats = rollout_stats(samples, seconds)
     return {
         "trajectories": stats.trajectories,
@@ -68,7 +70,7 @@ def rollout_demo(model_dir: Path, problems: int = 16, samples_per_problem: int =
         "trajectories_per_s": stats.trajectories_per_s,
         "tool_calls_per_s": stats.tool_calls_per_s,
         "example_verified": any(rewards),
-        "example": responses[next((i for i, r in enumerate(rewards) if r), 0)],
+        "example": tokenizer.decode(example.token_ids[example.prompt_length:]),
     }
 
 

@@ -10,6 +10,7 @@ from rstar_jax.agent.trajectory import (
     Trajectory,
     TrajectoryBuilder,
     count_answer_tags,
+    sampled_turn_texts,
 )
 
 __all__ = [
@@ -30,6 +31,7 @@ __all__ = [
     "prompt_messages",
     "prompt_text",
     "prompt_token_ids",
+    "sampled_turn_texts",
     "tool_call_text",
     "truncate_middle",
 ]

@@ -66,6 +66,21 @@ class Trajectory:
         return sum(not call.ok for call in self.tool_calls)
 
 
+def sampled_turn_texts(trajectory: Trajectory, tokenizer: PreTrainedTokenizerBase) -> list[str]:
+    """The text of each run of model tokens (loss mask 1), in order: the assistant turns without the prompt and
+    tool responses. Their join is what the final answer is extracted from (SPEC section 3), so program output that
+    prints a `\\boxed{}` never counts as the model's answer."""
+    runs: list[list[int]] = []
+    previous = 0
+    for token, mask in zip(trajectory.token_ids, trajectory.loss_mask):
+        if mask and not previous:
+            runs.append([])
+        if mask:
+            runs[-1].append(token)
+        previous = mask
+    return [tokenizer.decode(ids, skip_special_tokens=False) for ids in runs]
+
+
 def count_answer_tags(text: str) -> int:
     """Number of `<answer>` tags in model text (SPEC section 4, p_format)."""
     return text.count(ANSWER_TAG)

@@ -2,9 +2,9 @@
 
 The goal of the CPU demo's SFT (SPEC section 5: SFT teaches the tool-call format so RL starts from it): sampled at
 temperature 1.0 on the agent prompt of a problem it never saw, the model opens with a parseable `<tool_call>`;
-decoded greedily, it runs the call, reads the sandbox's output and boxes the right answer. Two numbers measure
-that: `tool_call_rate` (first turns at T=1 whose calls all parse) and `greedy_accuracy` (verified final answers
-of greedy multi-turn solves, SPEC section 3).
+decoded greedily by the RL rollouts' own agent loop, it runs the call, reads the sandbox's output and boxes the
+right answer. Two numbers measure that: `tool_call_rate` (first turns at T=1 whose calls all parse) and
+`greedy_accuracy` (verified final answers of greedy multi-turn solves, SPEC section 3).
 """
 
 from __future__ import annotations
@@ -19,9 +19,10 @@ from transformers import PreTrainedTokenizerBase
 from rstar_jax.agent.prompt import prompt_token_ids
 from rstar_jax.agent.tool_call import ToolCall, parse_tool_calls
 from rstar_jax.agent.tool_protocol import ToolExecutor
-from rstar_jax.agent.trajectory import TrajectoryBuilder
+from rstar_jax.agent.trajectory import sampled_turn_texts
 from rstar_jax.data.synthetic import SyntheticTask, synthetic_tasks
 from rstar_jax.reward.verifier import verify
+from rstar_jax.rollout.agent_loop import AgentLoop
 from rstar_jax.rollout.engine import GenerationEngine, SamplingParams
 from rstar_jax.rollout.jax_engine import JaxEngine
 from rstar_jax.tokenizers import load_tokenizer
@@ -43,30 +44,8 @@ async def sampled_first_turn(engine: GenerationEngine, tokenizer: PreTrainedToke
     return tokenizer.decode(list(generation.token_ids), skip_special_tokens=False)
 
 
-async def greedy_solve(engine: GenerationEngine, executor: ToolExecutor, tokenizer: PreTrainedTokenizerBase,
-                       question: str, sampling: SamplingParams, max_turns: int, max_len: int) -> list[str]:
-    """The assistant turns of a greedy agent run: each tool call runs on `executor` and its output is appended,
-    until a turn makes no call, `max_turns` turns were written, or the context would pass `max_len` tokens."""
-    builder = TrajectoryBuilder(tokenizer, prompt_token_ids(tokenizer, question))
-    turns: list[str] = []
-    while len(turns) < max_turns:
-        budget = min(sampling.max_new_tokens, max_len - len(builder.token_ids))
-        if budget < 1:
-            break
-        generation = await engine.generate(builder.token_ids, SamplingParams(
-            temperature=sampling.temperature, max_new_tokens=budget, stop_token_ids=sampling.stop_token_ids))
-        turns.append(builder.add_sampled_turn(generation.token_ids, generation.logprobs))
-        calls = parse_tool_calls(turns[-1])
-        if not calls or generation.finish_reason != "stop":
-            break
-        outcomes = [await executor.run(c.code, c.stdin) if isinstance(c, ToolCall) else c for c in calls]
-        if not builder.add_tool_responses(outcomes, max_response_length=max_len - len(builder.prompt_ids)):
-            break
-    return turns
-
-
 async def _probe(engine: GenerationEngine, executor: ToolExecutor, tokenizer: PreTrainedTokenizerBase,
-                 tasks: Sequence[SyntheticTask], max_new_tokens: int, max_turns: int, max_len: int,
+                 tasks: Sequence[SyntheticTask], max_new_tokens: int, max_turns: int, max_response_tokens: int,
                  seed: int) -> dict[str, Any]:
     stop = (tokenizer.convert_tokens_to_ids(IM_END),)
     firsts = await asyncio.gather(*(
@@ -74,11 +53,11 @@ async def _probe(engine: GenerationEngine, executor: ToolExecutor, tokenizer: Pr
                            SamplingParams(temperature=1.0, max_new_tokens=max_new_tokens, stop_token_ids=stop,
                                           seed=seed + index))
         for index, task in enumerate(tasks)))
-    greedy = SamplingParams(temperature=0.0, max_new_tokens=max_new_tokens, stop_token_ids=stop)
-    solves = await asyncio.gather(*(
-        greedy_solve(engine, executor, tokenizer, task.problem.question, greedy, max_turns, max_len)
-        for task in tasks))
-    correct = [bool(turns) and verify(turns[-1], task.problem.answer) for task, turns in zip(tasks, solves)]
+    loop = AgentLoop(engine, executor, tokenizer, max_turns=max_turns, max_response_tokens=max_response_tokens,
+                     temperature=0.0)
+    rollouts = await loop.rollout([task.problem for task in tasks], 1, seed=seed)
+    solves = [sampled_turn_texts(sample.trajectory, tokenizer) for sample in rollouts]
+    correct = [verify("\n".join(turns), task.problem.answer) for task, turns in zip(tasks, solves)]
     return {
         "problems": len(tasks),
         "tool_call_rate": sum(calls_parse(text) for text in firsts) / len(tasks),
@@ -103,12 +82,14 @@ def probe_format(model_dir: str | Path, num_problems: int = 32, seed: int = 1_00
         raise ValueError(f"num_problems must be >= 1, got {num_problems}")
     tasks = synthetic_tasks(num_problems, seed=seed)
     token_source = load_tokenizer(tokenizer)
+    longest_prompt = max(len(prompt_token_ids(token_source, task.problem.question)) for task in tasks)
     engine = JaxEngine.from_hf(model_dir, slots=slots, max_len=max_len, prefill_buckets=prefill_buckets)
     try:
         with running_server(("--workers", "2")) as server:
             async def run() -> dict[str, Any]:
                 async with SandboxClient([server.url]) as client:
-                    return await _probe(engine, client, token_source, tasks, max_new_tokens, max_turns, max_len, seed)
+                    return await _probe(engine, client, token_source, tasks, max_new_tokens, max_turns,
+                                        max_len - longest_prompt, seed)
 
             return asyncio.run(run())
     finally:

@@ -17,6 +17,7 @@ from rstar_jax.agent import (
     parse_tool_calls,
     prompt_messages,
     prompt_token_ids,
+    sampled_turn_texts,
 )
 from rstar_jax.tokenizers import load_tokenizer
 from sandbox_server.api import ToolResult
@@ -98,6 +99,7 @@ def test_piecewise_trajectory_decodes_to_the_chat_and_masks_exactly_the_sampled_
     assert trajectory.answer_tags == 2
     assert trajectory.finish_reason is FinishReason.NO_TOOL_CALL
     assert trajectory.response_length == len(trajectory.token_ids) - len(prompt_token_ids(tokenizer, QUESTION))
+    assert sampled_turn_texts(trajectory, tokenizer) == [TURN_1 + "<|im_end|>", TURN_2, TURN_3 + "<|im_end|>"]
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -114,6 +116,8 @@ def test_printed_control_tokens_stay_plain_text(name: str) -> None:
     # Only the scaffolding's own control tokens: close turn, open user, close user, open assistant.
     assert [t for t in response_ids if t in (im_start, im_end)] == [im_end, im_start, im_end, im_start]
     assert hostile.stdout in tokenizer.decode(response_ids)
+    # the answer is read from the model's turns only, never from what a program printed
+    assert sampled_turn_texts(builder.finish(FinishReason.MAX_TURNS), tokenizer) == [TURN_1]
 
 
 @pytest.mark.parametrize("name", NAMES)
