@@ -1,8 +1,9 @@
-"""Masked grouped-query softmax attention, dense or blockwise over keys (same numbers, less memory).
+"""Masked grouped-query softmax attention: dense or blockwise over keys (same numbers, less memory), and over a
+KV cache plus the call's own new keys.
 
 Queries are grouped per key/value head ([B, T, Hkv, G, D]) instead of repeating keys, the same arithmetic as HF's
 repeat_kv (query head h reads key/value head h // G). Scores and softmax are float32. A fully masked query row
-(padding) averages all values uniformly instead of producing NaN, in both forms.
+(padding) averages all values uniformly instead of producing NaN, in every form.
 """
 
 from __future__ import annotations
@@ -73,3 +74,29 @@ def _blockwise_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Arr
     (_, normaliser, accumulated), _ = jax.lax.scan(step, init, (k_blocks, v_blocks, mask_blocks, pad_scores))
     out = accumulated / normaliser[..., None]
     return out.transpose(0, 3, 1, 2, 4).astype(v.dtype)
+
+
+def cached_attention(q: jax.Array, cache_k: jax.Array, cache_v: jax.Array, new_k: jax.Array, new_v: jax.Array,
+                     cached_mask: jax.Array, new_mask: jax.Array,
+                     precision: jax.lax.Precision = jax.lax.Precision.DEFAULT) -> jax.Array:
+    """Attention of q [B, T, Hkv, G, D] over a cache (cache_k/v [B, Hkv, S, D], head-major) and this call's own
+    keys (new_k/v [B, T, Hkv, D]) -> [B, T, Hkv, G, D]; cached_mask [B, T or 1, S] and new_mask [B, T, T] say
+    which keys each query reads.
+
+    One softmax over both score blocks: the same numbers as writing the new keys into the cache first and
+    attending over it, but the cache is only read (never copied or transposed: its [S, D] matrix per batch and
+    head is what the dot consumes), so a decode step's cost is one pass over the live cache. The caller writes the
+    new keys afterwards, in place.
+    """
+    scale = q.shape[-1] ** -0.5
+    old_scores = jnp.einsum("btkgd,bksd->bkgts", q, cache_k, preferred_element_type=jnp.float32,
+                            precision=precision) * scale
+    new_scores = jnp.einsum("btkgd,bskd->bkgts", q, new_k, preferred_element_type=jnp.float32,
+                            precision=precision) * scale
+    old_scores = jnp.where(cached_mask[:, None, None, :, :], old_scores, MASKED_SCORE)
+    new_scores = jnp.where(new_mask[:, None, None, :, :], new_scores, MASKED_SCORE)
+    probs = jax.nn.softmax(jnp.concatenate([old_scores, new_scores], axis=-1), axis=-1)
+    cached = cache_k.shape[2]
+    old_probs, new_probs = probs[..., :cached].astype(cache_v.dtype), probs[..., cached:].astype(new_v.dtype)
+    return (jnp.einsum("bkgts,bksd->btkgd", old_probs, cache_v, precision=precision)
+            + jnp.einsum("bkgts,bskd->btkgd", new_probs, new_v, precision=precision))

@@ -13,7 +13,7 @@ import flax.linen as nn
 import jax
 
 from rstar_jax.model.config import ModelConfig
-from rstar_jax.model.layers import DecoderLayer, LayerCache, RMSNorm, rope_tables
+from rstar_jax.model.layers import CacheMasks, DecoderLayer, LayerCache, NewKeys, RMSNorm, rope_tables
 from rstar_jax.parallel import constrain
 
 _REMAT_POLICIES: dict[str, Any] = {
@@ -31,17 +31,18 @@ def _layer_stack(config: ModelConfig) -> type[nn.Module]:
         body,
         variable_axes={"params": 0},
         split_rngs={"params": True},
-        in_axes=(nn.broadcast, nn.broadcast, nn.broadcast, 0),
+        in_axes=(nn.broadcast, nn.broadcast, 0),
         out_axes=0,
         length=config.num_layers,
     )
 
 
 class Backbone(nn.Module):
-    """input ids [B, T] -> final hidden states [B, T, E] (and the updated KV cache when one is given).
+    """input ids [B, T] -> final hidden states [B, T, E] (and, given a KV cache, this call's keys and values).
 
-    `mask` [B, T, S] says which keys each query may read (S = T without a cache, max_len with one);
-    `write_index` [B, T] is where each token's key/value goes in the cache ([L, B, max_len, Hkv, D] stacked).
+    Without a cache `mask` [B, T, T] says which keys each query may read. With one (keys, values, each stacked
+    [L, B, Hkv, max_len, D]), `mask` is (cached_mask, new_mask) of `cached_attention`; the cache is only read, and
+    the new keys and values come back stacked [L, B, T, Hkv, D] for the caller to write (see `kv_cache.extend`).
     """
 
     config: ModelConfig
@@ -57,12 +58,11 @@ class Backbone(nn.Module):
         self,
         input_ids: jax.Array,
         positions: jax.Array,
-        mask: jax.Array,
-        write_index: jax.Array | None = None,
+        mask: jax.Array | CacheMasks,
         cache: LayerCache | None = None,
-    ) -> tuple[jax.Array, LayerCache | None]:
+    ) -> tuple[jax.Array, NewKeys | None]:
         cfg = self.config
         x = constrain(self.embed(input_ids), "batch", "seq", "embed")
         rope = rope_tables(positions, cfg.head_dim, cfg.rope_theta, cfg.jnp_dtype)
-        x, cache = self.layers(x, rope, mask, write_index, cache)
-        return self.final_norm(x), cache
+        x, new_keys = self.layers(x, rope, mask, cache)
+        return self.final_norm(x), new_keys

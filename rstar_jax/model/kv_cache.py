@@ -1,8 +1,10 @@
 """KV-cache decoding: prefill prompts, append tokens, and step one token at a time over static shapes.
 
-Layout: keys/values [L, B, max_len, Hkv, D] and `lengths` [B]. Each batch row is an independent slot stored
-compactly: the token at position p of a slot lives at cache index p, so a slot's positions are 0..length-1 whatever
-the padding of the batch that wrote it. Every call takes a token mask: rows whose mask is all zero keep their state,
+Layout: keys/values [L, B, Hkv, max_len, D] (head-major: each slot's and head's keys are one contiguous [max_len, D]
+matrix, the operand attention's dot reads without a transpose) and `lengths` [B]. Each batch row is an independent
+slot stored compactly: the token at position p of a slot lives at cache index p, so a slot's positions are
+0..length-1 whatever the padding of the batch that wrote it. A call reads the cache and attends to its own new
+keys beside it, then writes them in place (the cache is donated), so a decode step never copies the cache. Every call takes a token mask: rows whose mask is all zero keep their state,
 which is how a continuous-batching engine prefills one slot while others keep decoding; `prefill_slot` does the
 same for a single slot without computing the other rows. Shapes never depend on the data, so nothing recompiles.
 Writes past `max_len` are dropped: the caller must keep length + new tokens <= max_len.
@@ -24,14 +26,14 @@ from rstar_jax.model.lm import Params, logits_from_hidden
 class KVCache(NamedTuple):
     """Stacked per-layer keys/values and each slot's number of cached tokens."""
 
-    keys: jax.Array  # [L, B, max_len, Hkv, D]
-    values: jax.Array  # [L, B, max_len, Hkv, D]
+    keys: jax.Array  # [L, B, Hkv, max_len, D]
+    values: jax.Array  # [L, B, Hkv, max_len, D]
     lengths: jax.Array  # [B] int32
 
     @property
     def max_len(self) -> int:
         """Tokens one slot can hold."""
-        return self.keys.shape[2]
+        return self.keys.shape[3]
 
 
 def init_cache(config: ModelConfig, batch: int, max_len: int, dtype: Any = None) -> KVCache:
@@ -39,7 +41,7 @@ def init_cache(config: ModelConfig, batch: int, max_len: int, dtype: Any = None)
     if batch <= 0 or max_len <= 0:
         raise ValueError(f"init_cache needs positive batch and max_len, got batch={batch}, max_len={max_len}")
     dtype = DTYPES[dtype] if isinstance(dtype, str) else (dtype or config.jnp_dtype)
-    shape = (config.num_layers, batch, max_len, config.num_kv_heads, config.head_dim)
+    shape = (config.num_layers, batch, config.num_kv_heads, max_len, config.head_dim)
     return KVCache(jnp.zeros(shape, dtype), jnp.zeros(shape, dtype), jnp.zeros((batch,), jnp.int32))
 
 
@@ -59,12 +61,18 @@ def extend(params: Params, config: ModelConfig, cache: KVCache, input_ids: jax.A
     real = attention_mask.astype(bool)
     offsets = jnp.cumsum(real, axis=-1, dtype=jnp.int32) - 1
     positions = cache.lengths[:, None] + jnp.maximum(offsets, 0)
-    write_index = jnp.where(real, positions, cache.max_len)
-    key_mask = jnp.arange(cache.max_len)[None, None, :] <= positions[:, :, None]
-    hidden, (keys, values) = Backbone(config).apply(
-        {"params": params}, input_ids.astype(jnp.int32), positions, key_mask, write_index,
+    cached_mask = jnp.arange(cache.max_len)[None, None, :] < cache.lengths[:, None, None]  # [B, 1, S]
+    new_mask = real[:, None, :] & (positions[:, None, :] <= positions[:, :, None])  # [B, T, T]
+    hidden, (new_keys, new_values) = Backbone(config).apply(
+        {"params": params}, input_ids.astype(jnp.int32), positions, (cached_mask, new_mask),
         (cache.keys, cache.values))
-    new_cache = KVCache(keys, values, cache.lengths + real.sum(axis=-1, dtype=jnp.int32))
+    write_index = jnp.where(real, positions, cache.max_len)  # padding goes past the end: dropped
+    rows = jnp.arange(input_ids.shape[0])[:, None]
+    # [L, B, T, Hkv, D] -> [B, T, L, Hkv, D], the order of cache[:, rows, :, write_index] (advanced indices first)
+    new_cache = KVCache(cache.keys.at[:, rows, :, write_index].set(new_keys.transpose(1, 2, 0, 3, 4), mode="drop"),
+                        cache.values.at[:, rows, :, write_index].set(new_values.transpose(1, 2, 0, 3, 4),
+                                                                     mode="drop"),
+                        cache.lengths + real.sum(axis=-1, dtype=jnp.int32))
     if not all_logits:
         last = jnp.argmax(offsets, axis=-1)  # first index of the largest offset: the last real token
         hidden = jnp.take_along_axis(hidden, last[:, None, None], axis=1)

@@ -13,11 +13,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from rstar_jax.model.attention import grouped_attention
+from rstar_jax.model.attention import cached_attention, grouped_attention
 from rstar_jax.model.config import ModelConfig
 from rstar_jax.parallel import constrain
 
-LayerCache = tuple[jax.Array, jax.Array]  # (keys, values), each [B, max_len, kv_heads, head_dim]
+LayerCache = tuple[jax.Array, jax.Array]  # one layer's cached (keys, values), each [B, kv_heads, max_len, head_dim]
+NewKeys = tuple[jax.Array, jax.Array]  # one layer's keys and values of this call's tokens, each [B, T, kv_heads, head_dim]
+CacheMasks = tuple[jax.Array, jax.Array]  # (cached_mask [B, T or 1, max_len], new_mask [B, T, T])
 _INIT = nn.initializers.normal(stddev=0.02)
 
 
@@ -61,9 +63,10 @@ def dense(config: ModelConfig, features: int, use_bias: bool, name: str) -> nn.D
 class Attention(nn.Module):
     """Grouped-query self-attention with RoPE, optional q/k/v (and o) bias and Qwen3's per-head q/k RMSNorm.
 
-    Without a cache the keys are this call's tokens. With a cache (keys, values) the new keys/values are first
-    written at `write_index` [B, T] (an index >= max_len drops the write, used for padding), then the queries
-    attend over the whole cache under `mask`.
+    Without a cache the keys are this call's tokens, read under `mask` [B, T, T]. With a layer's cache (keys,
+    values), `mask` is (cached_mask, new_mask): the queries read the cached keys and this call's own keys (see
+    `cached_attention`); the cache is only read. Returns the output and this call's keys and values (cast through
+    the cache's dtype, exactly as a later call will read them), which the caller writes into the cache.
     """
 
     config: ModelConfig
@@ -73,10 +76,9 @@ class Attention(nn.Module):
         self,
         x: jax.Array,
         rope: tuple[jax.Array, jax.Array],
-        mask: jax.Array,
-        write_index: jax.Array | None,
+        mask: jax.Array | CacheMasks,
         cache: LayerCache | None,
-    ) -> tuple[jax.Array, LayerCache | None]:
+    ) -> tuple[jax.Array, NewKeys | None]:
         cfg = self.config
         batch, length, _ = x.shape
         heads, kv_heads, head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
@@ -91,19 +93,21 @@ class Attention(nn.Module):
         k = constrain(apply_rope(k, cos, sin), "batch", "seq", "kv_heads", "head_dim")
         v = constrain(v, "batch", "seq", "kv_heads", "head_dim")
 
-        if cache is not None:
-            cache_k, cache_v = cache
-            rows = jnp.arange(batch)[:, None]
-            cache_k = cache_k.at[rows, write_index].set(k.astype(cache_k.dtype), mode="drop")
-            cache_v = cache_v.at[rows, write_index].set(v.astype(cache_v.dtype), mode="drop")
-            cache = (cache_k, cache_v)
-            k, v = cache_k.astype(cfg.jnp_dtype), cache_v.astype(cfg.jnp_dtype)
-
         grouped_q = q.reshape(batch, length, kv_heads, cfg.num_groups, head_dim)
-        out = grouped_attention(grouped_q, k, v, mask, cfg.jax_precision, cfg.attention_block_size)
+        if cache is None:
+            new_keys = None
+            out = grouped_attention(grouped_q, k, v, mask, cfg.jax_precision, cfg.attention_block_size)
+        else:
+            cache_k, cache_v = cache
+            k, v = k.astype(cache_k.dtype), v.astype(cache_v.dtype)
+            new_keys = (k, v)
+            cached_mask, new_mask = mask
+            out = cached_attention(grouped_q, cache_k.astype(cfg.jnp_dtype), cache_v.astype(cfg.jnp_dtype),
+                                   k.astype(cfg.jnp_dtype), v.astype(cfg.jnp_dtype), cached_mask, new_mask,
+                                   cfg.jax_precision)
         out = out.reshape(batch, length, heads * head_dim)
         out = dense(cfg, cfg.hidden_size, cfg.o_bias, "o_proj")(out)
-        return out, cache
+        return out, new_keys
 
 
 class MLP(nn.Module):
@@ -129,14 +133,13 @@ class DecoderLayer(nn.Module):
         self,
         x: jax.Array,
         rope: tuple[jax.Array, jax.Array],
-        mask: jax.Array,
-        write_index: jax.Array | None,
+        mask: jax.Array | CacheMasks,
         cache: LayerCache | None,
-    ) -> tuple[jax.Array, LayerCache | None]:
+    ) -> tuple[jax.Array, NewKeys | None]:
         cfg = self.config
         norm_args = (cfg.rms_norm_eps, cfg.jnp_dtype, cfg.jnp_param_dtype)
-        attn_out, cache = Attention(cfg, name="attn")(RMSNorm(*norm_args, name="input_norm")(x), rope, mask,
-                                                      write_index, cache)
+        attn_out, new_keys = Attention(cfg, name="attn")(RMSNorm(*norm_args, name="input_norm")(x), rope, mask,
+                                                         cache)
         x = constrain(x + attn_out, "batch", "seq", "embed")
         x = x + MLP(cfg, name="mlp")(RMSNorm(*norm_args, name="post_attn_norm")(x))
-        return constrain(x, "batch", "seq", "embed"), cache
+        return constrain(x, "batch", "seq", "embed"), new_keys

@@ -105,7 +105,7 @@ def shardings_like_params(tree: PyTree, params: PyTree, mesh: Mesh) -> PyTree:
 
 
 def cache_spec(shape: tuple[int, ...], mesh: Mesh | None = None) -> PartitionSpec:
-    """PartitionSpec of a KV cache array: stacked k or v [layers, batch, max_len, kv_heads, head_dim] (CACHE_AXES)
+    """PartitionSpec of a KV cache array: stacked k or v [layers, batch, kv_heads, max_len, head_dim] (CACHE_AXES)
     or the per-slot lengths [batch] (CACHE_LENGTHS_AXES); told apart by rank."""
     axes_by_rank = {len(CACHE_AXES): CACHE_AXES, len(CACHE_LENGTHS_AXES): CACHE_LENGTHS_AXES}
     if len(shape) not in axes_by_rank:

@@ -60,8 +60,8 @@ PARAM_RULES: tuple[tuple[str, tuple[str, ...]], ...] = (
     (r"lm_head/kernel", ("embed_fsdp", "vocab")),
 )
 
-# Stacked KV cache k / v: [layers, batch, max_len, kv_heads, head_dim]; its per-slot lengths: [batch].
-CACHE_AXES: tuple[str, ...] = ("layers", "batch", "seq", "kv_heads", "head_dim")
+# Stacked KV cache k / v: [layers, batch, kv_heads, max_len, head_dim] (head-major); its per-slot lengths: [batch].
+CACHE_AXES: tuple[str, ...] = ("layers", "batch", "kv_heads", "seq", "head_dim")
 CACHE_LENGTHS_AXES: tuple[str, ...] = ("batch",)
 
 _ACTIVE_MESH: contextvars.ContextVar[Mesh | None] = contextvars.ContextVar("rstar_jax_mesh", default=None)

@@ -1,4 +1,5 @@
-"""Blockwise attention gives the dense attention's outputs and gradients (it only changes memory)."""
+"""Blockwise attention gives the dense attention's outputs and gradients (it only changes memory); attention over a
+head-major cache plus the call's own keys gives the dense attention over both written into one key sequence."""
 
 import dataclasses
 
@@ -8,7 +9,7 @@ import numpy as np
 import pytest
 
 from rstar_jax.model import forward, init_params
-from rstar_jax.model.attention import grouped_attention
+from rstar_jax.model.attention import cached_attention, grouped_attention
 from rstar_jax.model.config import ModelConfig
 
 
@@ -17,6 +18,22 @@ def causal_left_padded_mask(lengths: list[int], width: int) -> np.ndarray:
     real = np.arange(width)[None, :] >= width - np.asarray(lengths)[:, None]
     causal = np.tril(np.ones((width, width), bool))
     return causal[None] & real[:, None, :]
+
+
+def test_cached_attention_equals_dense_attention_over_cache_then_new_keys():
+    rng = np.random.default_rng(1)
+    batch, new, slots, kv_heads, groups, dim = 3, 4, 9, 2, 3, 8
+    q = jnp.asarray(rng.normal(size=(batch, new, kv_heads, groups, dim)), jnp.float32)
+    cache_k, cache_v = (jnp.asarray(rng.normal(size=(batch, kv_heads, slots, dim)), jnp.float32) for _ in range(2))
+    new_k, new_v = (jnp.asarray(rng.normal(size=(batch, new, kv_heads, dim)), jnp.float32) for _ in range(2))
+    lengths = np.array([5, 0, 9])  # cached tokens per row; row 1 is empty
+    cached_mask = np.arange(slots)[None, None, :] < lengths[:, None, None]
+    new_mask = causal_left_padded_mask([4, 2, 0], new)  # row 2 has no new token: every score masked
+    out = cached_attention(q, cache_k, cache_v, new_k, new_v, jnp.asarray(cached_mask), jnp.asarray(new_mask))
+    keys = jnp.concatenate([cache_k.transpose(0, 2, 1, 3), new_k], axis=1)
+    values = jnp.concatenate([cache_v.transpose(0, 2, 1, 3), new_v], axis=1)
+    mask = np.concatenate([np.broadcast_to(cached_mask, (batch, new, slots)), new_mask], axis=-1)
+    np.testing.assert_allclose(out, grouped_attention(q, keys, values, jnp.asarray(mask)), rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.parametrize("block_size", [1, 4])

@@ -184,20 +184,20 @@ def test_param_shardings_are_named_shardings_on_the_mesh():
 
 def test_cache_spec_splits_batch_and_kv_heads():
     mesh = make_mesh(data=2, fsdp=2, tensor=2)
-    assert cache_spec((L, 4, 16, HKV, D)) == P(None, ("data", "fsdp"), None, "tensor", None)
-    assert cache_spec((L, 2, 16, 1, D), mesh) == P(None, ("data",), None, None, None)
+    assert cache_spec((L, 4, HKV, 16, D)) == P(None, ("data", "fsdp"), "tensor", None, None)
+    assert cache_spec((L, 2, 1, 16, D), mesh) == P(None, ("data",), None, None, None)
     assert cache_spec((4,), mesh) == P(("data", "fsdp"))
     with pytest.raises(ValueError, match=r"KV cache array has axes .* got rank 4"):
-        cache_spec((L, 4, 16, HKV))
+        cache_spec((L, 4, HKV, 16))
 
 
 def test_cache_shardings_place_the_stacked_keys_and_values():
     mesh = make_mesh(data=2, fsdp=2, tensor=2)
-    cache = (jnp.zeros((L, 4, 16, HKV, D)), jnp.zeros((L, 4, 16, HKV, D)), jnp.zeros((4,), jnp.int32))
+    cache = (jnp.zeros((L, 4, HKV, 16, D)), jnp.zeros((L, 4, HKV, 16, D)), jnp.zeros((4,), jnp.int32))
     keys, values, lengths = jax.device_put(cache, cache_shardings(cache, mesh))
     for array in (keys, values):
-        assert array.sharding.spec == P(None, ("data", "fsdp"), None, "tensor", None)
-        assert array.addressable_shards[0].data.shape == (L, 1, 16, 1, D)
+        assert array.sharding.spec == P(None, ("data", "fsdp"), "tensor", None, None)
+        assert array.addressable_shards[0].data.shape == (L, 1, 1, 16, D)
     assert lengths.sharding.spec == P(("data", "fsdp"))
 
 

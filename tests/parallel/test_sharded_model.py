@@ -202,7 +202,7 @@ def test_sharded_kv_cache_prefill_and_decode_equal_single_device():
     )
     prompt_logits, step_logits, new_cache = step(shard_params(params, mesh), jax.device_put(cache, cache_placement),
                                                  ids, mask, next_tokens)
-    assert new_cache.keys.sharding.spec == P(None, ("data", "fsdp"), None, "tensor", None)
-    assert new_cache.keys.addressable_shards[0].data.shape == (2, 2, max_len, 1, 16)
+    assert new_cache.keys.sharding.spec == P(None, ("data", "fsdp"), "tensor", None, None)
+    assert new_cache.keys.addressable_shards[0].data.shape == (2, 2, 1, max_len, 16)
     for actual, reference_value in zip((prompt_logits, step_logits, *new_cache), (*expected[:2], *expected[2])):
         np.testing.assert_allclose(np.asarray(actual), np.asarray(reference_value), atol=TOLERANCE, rtol=TOLERANCE)
