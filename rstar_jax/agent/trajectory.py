@@ -17,6 +17,7 @@ from transformers import PreTrainedTokenizerBase
 from rstar_jax.agent.tool_call import FailedToolCall
 from rstar_jax.agent.tool_protocol import ToolOutcome
 from rstar_jax.agent.tool_response import format_tool_response
+from rstar_jax.tokenizers.plain_text import plain_text_ids
 from rstar_jax.tokenizers.special_tokens import IM_END, IM_START, TOOL_RESPONSE_CLOSE, TOOL_RESPONSE_OPEN
 
 ANSWER_TAG = "<answer>"
@@ -159,7 +160,7 @@ class TrajectoryBuilder:
     def tool_response_ids(self, outcomes: Sequence[ToolOutcome | FailedToolCall]) -> list[int]:
         """The context ids that close the assistant turn and carry the tool responses in a user turn.
 
-        Program output is tokenised with special tokens split, so printed control tokens stay plain text.
+        Program output is tokenised as plain text (`plain_text_ids`): a printed control token stays text.
         """
         if not outcomes:
             raise ValueError("tool_response_ids needs at least one tool outcome")
@@ -167,9 +168,7 @@ class TrajectoryBuilder:
         ids += self._encode_markup(f"\n{IM_START}user")
         for outcome in outcomes:
             ids += self._encode_markup(f"\n{TOOL_RESPONSE_OPEN}\n")
-            ids += self.tokenizer(
-                format_tool_response(outcome), add_special_tokens=False, split_special_tokens=True
-            )["input_ids"]
+            ids += plain_text_ids(self.tokenizer, format_tool_response(outcome))
             ids += self._encode_markup(f"\n{TOOL_RESPONSE_CLOSE}")
         ids += self._encode_markup(f"{IM_END}\n{IM_START}assistant\n")
         return ids
