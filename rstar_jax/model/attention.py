@@ -33,7 +33,13 @@ def _dense_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array,
     scores = jnp.einsum("btkgd,bskd->bkgts", q, k, preferred_element_type=jnp.float32, precision=precision) * scale
     scores = jnp.where(mask[:, None, None, :, :], scores, MASKED_SCORE)
     probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
-    return jnp.einsum("bkgts,bskd->btkgd", probs, v, precision=precision)
+    return _heads_last(jnp.einsum("bkgts,bskd->bkgtd", probs, v, precision=precision))
+
+
+def _heads_last(out: jax.Array) -> jax.Array:
+    """[B, Hkv, G, T, D] -> [B, T, Hkv, G, D]. The probs-values dot keeps the heads leading and the result is moved
+    afterwards: asking the dot for [B, T, Hkv, G, D] directly ran 7x slower on XLA:CPU (measured, T = S = 512)."""
+    return out.transpose(0, 3, 1, 2, 4)
 
 
 def _blockwise_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array,
@@ -98,5 +104,5 @@ def cached_attention(q: jax.Array, cache_k: jax.Array, cache_v: jax.Array, new_k
     probs = jax.nn.softmax(jnp.concatenate([old_scores, new_scores], axis=-1), axis=-1)
     cached = cache_k.shape[2]
     old_probs, new_probs = probs[..., :cached].astype(cache_v.dtype), probs[..., cached:].astype(new_v.dtype)
-    return (jnp.einsum("bkgts,bksd->btkgd", old_probs, cache_v, precision=precision)
-            + jnp.einsum("bkgts,bskd->btkgd", new_probs, new_v, precision=precision))
+    return _heads_last(jnp.einsum("bkgts,bksd->bkgtd", old_probs, cache_v, precision=precision)
+                       + jnp.einsum("bkgts,bskd->bkgtd", new_probs, new_v, precision=precision))
