@@ -45,14 +45,19 @@ def init_cache(config: ModelConfig, batch: int, max_len: int, dtype: Any = None)
     return KVCache(jnp.zeros(shape, dtype), jnp.zeros(shape, dtype), jnp.zeros((batch,), jnp.int32))
 
 
-@functools.partial(jax.jit, static_argnames=("config", "all_logits"), donate_argnames=("cache",))
+@functools.partial(jax.jit, static_argnames=("config", "all_logits", "window"), donate_argnames=("cache",))
 def extend(params: Params, config: ModelConfig, cache: KVCache, input_ids: jax.Array, attention_mask: jax.Array,
-           all_logits: bool = True) -> tuple[jax.Array, KVCache]:
+           all_logits: bool = True, window: int | None = None) -> tuple[jax.Array, KVCache]:
     """Append each row's real tokens (mask 1, any padding side) to its slot and return their logits.
 
     Returns float32 logits [B, T, V] (all_logits) or those of each row's last real token [B, V]; a multi-turn
-    agent appends a tool response this way without recomputing the conversation.
+    agent appends a tool response this way without recomputing the conversation. `window` (static) reads only the
+    first `window` cache positions, so attention costs what the live sequences need, not max_len: the caller
+    guarantees every row that matters has at most `window` cached tokens (a bucketed bound keeps compiles few).
     """
+    window = cache.max_len if window is None else window
+    if not 1 <= window <= cache.max_len:
+        raise ValueError(f"window must be in [1, max_len={cache.max_len}], got {window}")
     if input_ids.ndim != 2 or attention_mask.shape != input_ids.shape:
         raise ValueError(f"extend needs input_ids [B, T] and a mask of the same shape, got {input_ids.shape} "
                          f"and {attention_mask.shape}")
@@ -61,11 +66,11 @@ def extend(params: Params, config: ModelConfig, cache: KVCache, input_ids: jax.A
     real = attention_mask.astype(bool)
     offsets = jnp.cumsum(real, axis=-1, dtype=jnp.int32) - 1
     positions = cache.lengths[:, None] + jnp.maximum(offsets, 0)
-    cached_mask = jnp.arange(cache.max_len)[None, None, :] < cache.lengths[:, None, None]  # [B, 1, S]
+    cached_mask = jnp.arange(window)[None, None, :] < cache.lengths[:, None, None]  # [B, 1, window]
     new_mask = real[:, None, :] & (positions[:, None, :] <= positions[:, :, None])  # [B, T, T]
     hidden, (new_keys, new_values) = Backbone(config).apply(
         {"params": params}, input_ids.astype(jnp.int32), positions, (cached_mask, new_mask),
-        (cache.keys, cache.values))
+        (cache.keys[:, :, :, :window], cache.values[:, :, :, :window]))
     write_index = jnp.where(real, positions, cache.max_len)  # padding goes past the end: dropped
     rows = jnp.arange(input_ids.shape[0])[:, None]
     # [L, B, T, Hkv, D] -> [B, T, L, Hkv, D], the order of cache[:, rows, :, write_index] (advanced indices first)
@@ -89,14 +94,15 @@ def prefill(params: Params, config: ModelConfig, cache: KVCache, input_ids: jax.
     return extend(params, config, cache, input_ids, attention_mask, all_logits=all_logits)
 
 
-@functools.partial(jax.jit, static_argnames=("config",), donate_argnames=("cache",))
+@functools.partial(jax.jit, static_argnames=("config", "window"), donate_argnames=("cache",))
 def decode_step(params: Params, config: ModelConfig, cache: KVCache, token_ids: jax.Array,
-                active: jax.Array | None = None) -> tuple[jax.Array, KVCache]:
-    """Feed one token per slot ([B]); float32 next-token logits [B, V]. Inactive slots are left unchanged."""
+                active: jax.Array | None = None, window: int | None = None) -> tuple[jax.Array, KVCache]:
+    """Feed one token per slot ([B]); float32 next-token logits [B, V]. Inactive slots are left unchanged.
+    `window` as in `extend`: every active slot holds at most `window` cached tokens."""
     if token_ids.ndim != 1:
         raise ValueError(f"decode_step takes one token per slot, shape [B]; got {token_ids.shape}")
     active = jnp.ones(token_ids.shape, jnp.int32) if active is None else active
-    logits, cache = extend(params, config, cache, token_ids[:, None], active[:, None], all_logits=True)
+    logits, cache = extend(params, config, cache, token_ids[:, None], active[:, None], all_logits=True, window=window)
     return logits[:, 0], cache
 
 

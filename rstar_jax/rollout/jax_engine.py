@@ -28,8 +28,8 @@ from rstar_jax.model import ModelConfig, init_cache, load_hf
 from rstar_jax.model.lm import Params
 from rstar_jax.rollout.engine import EngineCapacity, EngineUnavailable, Generation, SamplingParams
 from rstar_jax.rollout.jax_engine_slots import Request, SlotTable
-from rstar_jax.rollout.jax_engine_steps import (bucket_for, check_buckets, decode_and_sample, power_of_two_buckets,
-                                                prefill_and_sample)
+from rstar_jax.rollout.jax_engine_steps import (SMALLEST_DECODE_WINDOW, bucket_for, check_buckets, decode_and_sample,
+                                                power_of_two_buckets, prefill_and_sample)
 from rstar_jax.rollout.sampling import seed_words
 
 logger = logging.getLogger(__name__)
@@ -44,13 +44,15 @@ class JaxEngine:
     padded prompt lengths (default: powers of two from 16, then max_len); dtype: serving dtype of the parameters,
     activations and KV cache (default: the config's); seed: draws the seeds of requests that give none;
     decode_steps: tokens each running slot samples per device call (requests join and leave between calls; a
-    turn that ends inside a call wastes the rest of it); warmup: compile every shape in the stepping thread
-    before the first request runs.
+    turn that ends inside a call wastes the rest of it); decode_windows: cache lengths a decode call may attend
+    over, the smallest that holds the longest running sequence is used (default: powers of two from 128, then
+    max_len; one decode program each); warmup: compile every shape in the stepping thread before the first
+    request runs.
     """
 
     def __init__(self, config: ModelConfig, params: Params, slots: int = 8, max_len: int = 1024,
                  prefill_buckets: Sequence[int] | None = None, dtype: str | None = None, seed: int = 0,
-                 decode_steps: int = 8, warmup: bool = True) -> None:
+                 decode_steps: int = 8, decode_windows: Sequence[int] | None = None, warmup: bool = True) -> None:
         if slots < 1:
             raise ValueError(f"JaxEngine needs at least one slot, got slots={slots}")
         if decode_steps < 1:
@@ -66,7 +68,12 @@ class JaxEngine:
         self.slots = slots
         self.max_len = max_len
         self.decode_steps = decode_steps
-        self.buckets = check_buckets(prefill_buckets or power_of_two_buckets(max_len), max_len)
+        self.buckets = check_buckets(prefill_buckets or power_of_two_buckets(max_len), max_len, "prefill buckets")
+        self.decode_windows = check_buckets(
+            decode_windows or power_of_two_buckets(max_len, smallest=min(SMALLEST_DECODE_WINDOW, max_len)), max_len,
+            "decode windows")
+        if self.decode_windows[-1] != max_len:
+            raise ValueError(f"the largest decode window must be max_len={max_len}, got {self.decode_windows}")
         self._device = jax.local_devices()[0]
         self._param_paths, self._param_treedef = _paths_and_treedef(params)
         self._param_shapes = [tuple(np.shape(leaf)) for leaf in jax.tree_util.tree_leaves(params)]
@@ -230,13 +237,19 @@ class JaxEngine:
         return finished
 
     def _decode_call(self) -> tuple[np.ndarray, np.ndarray]:
-        """Run the jitted decode on the slot table's arrays (warm-up and decoding share it: same program)."""
+        """Decode the running slots over the smallest window that holds the longest of them after this call."""
+        longest = max((request.sequence_length for _, request in self._table.occupied()), default=0)
+        return self._decode_window_call(bucket_for(min(longest + self.decode_steps, self.max_len),
+                                                   self.decode_windows))
+
+    def _decode_window_call(self, window: int) -> tuple[np.ndarray, np.ndarray]:
+        """Run the jitted decode on the slot table's arrays (warm-up and decoding share it: same programs)."""
         table = self._table
         with self._cond:
             params = self._params
         tokens, logprobs, self._cache = decode_and_sample(params, self.config, self._cache, table.pending_tokens,
                                                           table.active, table.temperature, table.top_p, table.seeds,
-                                                          steps=self.decode_steps)
+                                                          steps=self.decode_steps, window=window)
         return jax.device_get((tokens, logprobs))
 
     def _prefill(self, slot: int, ids: np.ndarray, mask: np.ndarray, temperature: float, top_p: float,
@@ -249,11 +262,12 @@ class JaxEngine:
         return jax.device_get((token, logprob))
 
     def _warm_up(self) -> None:
-        """Compile every prefill bucket and the decode step on empty inputs (all-padding prompts, no active slot)."""
+        """Compile every prefill bucket and decode window on empty inputs (all-padding prompts, no active slot)."""
         seed = seed_words(0)
         for bucket in self.buckets:
             self._prefill(0, np.zeros(bucket, np.int32), np.zeros(bucket, np.int32), 1.0, 1.0, seed)
-        self._decode_call()
+        for window in self.decode_windows:
+            self._decode_window_call(window)
 
     def _publish_capacity(self) -> None:
         with self._cond:

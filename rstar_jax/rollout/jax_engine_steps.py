@@ -2,8 +2,9 @@
 
 `prefill_and_sample` starts one request in one slot (the slot is a traced index) from its prompt padded to a
 bucket length; `decode_and_sample` feeds every slot its pending token and samples the next, a fixed number of
-times per call. Their shapes depend only on (slots, max_len, bucket, steps), so an engine compiles
-len(buckets) + 1 programs and nothing once warm
+times per call, attending over a window of the cache that covers the longest running sequence. Their shapes depend
+only on (slots, max_len, bucket or window, steps), so an engine compiles len(buckets) + len(windows) programs and
+nothing once warm
 (DESIGN "Functional learner": shapes are bucketed so a step compiles a bounded number of times).
 """
 
@@ -21,6 +22,7 @@ from rstar_jax.model.lm import Params
 from rstar_jax.rollout.sampling import sample_tokens
 
 SMALLEST_BUCKET = 16
+SMALLEST_DECODE_WINDOW = 128  # below this, a smaller window saves less than its extra program costs to compile
 
 
 def power_of_two_buckets(max_len: int, smallest: int = SMALLEST_BUCKET) -> tuple[int, ...]:
@@ -37,13 +39,14 @@ def power_of_two_buckets(max_len: int, smallest: int = SMALLEST_BUCKET) -> tuple
     return (*buckets, max_len)
 
 
-def check_buckets(buckets: Sequence[int], max_len: int) -> tuple[int, ...]:
-    """Sorted, de-duplicated buckets; an error unless they are in [1, max_len] and the largest holds max_len - 1."""
+def check_buckets(buckets: Sequence[int], max_len: int, what: str = "prefill buckets") -> tuple[int, ...]:
+    """Sorted, de-duplicated buckets; an error naming `what` unless they are in [1, max_len] and the largest holds
+    max_len - 1."""
     result = tuple(sorted({int(b) for b in buckets}))
     if not result or result[0] < 1 or result[-1] > max_len:
-        raise ValueError(f"prefill buckets must be non-empty and within [1, max_len={max_len}], got {tuple(buckets)}")
+        raise ValueError(f"{what} must be non-empty and within [1, max_len={max_len}], got {tuple(buckets)}")
     if result[-1] < max_len - 1:
-        raise ValueError(f"the largest prefill bucket {result[-1]} cannot hold the longest admissible prompt "
+        raise ValueError(f"the largest of the {what} ({result[-1]}) cannot hold the longest admissible prompt "
                          f"({max_len - 1} tokens for max_len={max_len})")
     return result
 
@@ -70,19 +73,21 @@ def prefill_and_sample(params: Params, config: ModelConfig, cache: KVCache, slot
     return tokens[0], logprobs[0], cache
 
 
-@functools.partial(jax.jit, static_argnames=("config", "steps"), donate_argnames=("cache",))
+@functools.partial(jax.jit, static_argnames=("config", "steps", "window"), donate_argnames=("cache",))
 def decode_and_sample(params: Params, config: ModelConfig, cache: KVCache, token_ids: jax.Array, active: jax.Array,
-                      temperature: jax.Array, top_p: jax.Array, seeds: jax.Array,
-                      steps: int = 1) -> tuple[jax.Array, jax.Array, KVCache]:
+                      temperature: jax.Array, top_p: jax.Array, seeds: jax.Array, steps: int = 1,
+                      window: int | None = None) -> tuple[jax.Array, jax.Array, KVCache]:
     """`steps` decode steps in one call: each caches every active slot's pending token ([B]) and samples the next.
 
     Returns (tokens [steps, B], their temperature-1 log-probs [steps, B], the cache); inactive slots are left
     unchanged and their rows are junk. Running several steps per call saves a host round trip per token; the
-    host discards what a slot samples after its turn ended (cache writes past max_len are dropped).
+    host discards what a slot samples after its turn ended (cache writes past max_len are dropped). Attention
+    reads the first `window` cache positions (see `kv_cache.extend`): every active slot must hold at most
+    `window - steps + 1` cached tokens when the call starts.
     """
     def step(carry: tuple[KVCache, jax.Array], _: None) -> tuple[tuple[KVCache, jax.Array], tuple[jax.Array, ...]]:
         cache, pending = carry
-        logits, cache = decode_step(params, config, cache, pending, active)
+        logits, cache = decode_step(params, config, cache, pending, active, window=window)
         tokens, logprobs = sample_tokens(logits, temperature, top_p, seeds, cache.lengths)
         return (cache, tokens), (tokens, logprobs)
 

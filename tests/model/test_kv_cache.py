@@ -60,7 +60,8 @@ def random_rows(vocab_size: int, lengths: list[int], seed: int) -> list[np.ndarr
     return [rng.integers(1, vocab_size, length).astype(np.int32) for length in lengths]
 
 
-def test_prefill_then_decode_steps_equal_full_forward(model):
+@pytest.mark.parametrize("window", [None, 9])  # 9: the longest row holds 5 + 3 cached tokens at its last step
+def test_prefill_then_decode_steps_equal_full_forward(model, window):
     config = model.config
     rows = random_rows(config.vocab_size, [n + NEW_TOKENS for n in PROMPT_LENGTHS], seed=0)
     expected = reference_logits(model, rows)
@@ -74,10 +75,17 @@ def test_prefill_then_decode_steps_equal_full_forward(model):
 
     for step in range(NEW_TOKENS):
         tokens = jnp.asarray([row[n + step] for row, n in zip(rows, PROMPT_LENGTHS)])
-        step_logits, cache = decode_step(model.params, config, cache, tokens)
+        step_logits, cache = decode_step(model.params, config, cache, tokens, window=window)
         assert step_logits.shape == (len(rows), config.vocab_size) and step_logits.dtype == jnp.float32
         close(step_logits, np.stack([expected[i][n + step] for i, n in enumerate(PROMPT_LENGTHS)]))
     np.testing.assert_array_equal(cache.lengths, [n + NEW_TOKENS for n in PROMPT_LENGTHS])
+
+
+def test_a_window_outside_the_cache_is_rejected(model):
+    cache = init_cache(model.config, 1, MAX_LEN)
+    for window in (0, MAX_LEN + 1):
+        with pytest.raises(ValueError, match="window must be in"):
+            decode_step(model.params, model.config, cache, jnp.asarray([1]), window=window)
 
 
 def test_extend_appends_right_padded_chunks_and_returns_last_logits(model):

@@ -2,8 +2,8 @@
 
 References are the learner's own functions: greedy decoding by re-running the full `forward` over the whole
 sequence at every step, and `token_logprobs` over prompt + generated tokens. Every engine here has the same
-shapes (4 slots of 64 tokens, buckets 16/32/64, 4 decode steps per call; one more engine decodes 1 step per
-call), so the programs compile once per test process.
+shapes (4 slots of 64 tokens, buckets 16/32/64, decode windows 16/32/64 so sequences cross windows, 4 decode
+steps per call; one more engine decodes 1 step per call), so the programs compile once per test process.
 """
 
 import asyncio
@@ -25,6 +25,7 @@ pytestmark = pytest.mark.slow
 CONFIG = ModelConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_layers=2, num_heads=4,
                      num_kv_heads=2, head_dim=16, tie_word_embeddings=False)  # untied: greedy does not just repeat
 SLOTS, MAX_LEN, DECODE_STEPS = 4, 64, 4
+WINDOWS = (16, 32, 64)
 BACKEND_COMPILE = "/jax/core/compile/backend_compile_duration"
 TIMEOUT = 120.0
 
@@ -41,7 +42,8 @@ def other_params():
 
 @pytest.fixture(scope="module")
 def engine(params):
-    engine = JaxEngine(CONFIG, params, slots=SLOTS, max_len=MAX_LEN, decode_steps=DECODE_STEPS)
+    engine = JaxEngine(CONFIG, params, slots=SLOTS, max_len=MAX_LEN, decode_steps=DECODE_STEPS,
+                    decode_windows=WINDOWS)
     engine.wait_ready(timeout=600)
     yield engine
     engine.close()
@@ -160,6 +162,13 @@ def test_a_stop_token_ends_the_turn_at_its_first_occurrence(engine, params):
     assert generation.finish_reason == "stop"
 
 
+def test_decode_windows_must_end_at_max_len(params):
+    with pytest.raises(ValueError, match="decode windows"):
+        JaxEngine(CONFIG, params, slots=SLOTS, max_len=MAX_LEN, decode_windows=(16, 32), warmup=False)
+    with pytest.raises(ValueError, match="largest decode window must be max_len=64"):
+        JaxEngine(CONFIG, params, slots=SLOTS, max_len=MAX_LEN, decode_windows=(16, 63), warmup=False)
+
+
 def test_prompts_that_do_not_fit_or_are_not_token_ids_are_rejected(engine):
     sampling = SamplingParams(temperature=0.0, max_new_tokens=5)
     with pytest.raises(ValueError, match="no room"):
@@ -260,7 +269,7 @@ def test_nothing_compiles_once_warm(engine, params):
         run(engine.update_weights(params, 0))
     assert compiles == []
     assert engine.compiled_programs() == programs
-    assert programs["prefill"] >= len(engine.buckets) == 3
+    assert programs["prefill"] >= len(engine.buckets) == 3 and programs["decode"] >= len(engine.decode_windows) == 3
 
 
 def test_cancelled_requests_leave_and_the_engine_goes_on(engine):
@@ -283,7 +292,8 @@ def test_cancelled_requests_leave_and_the_engine_goes_on(engine):
 
 
 def test_close_fails_pending_requests_and_refuses_new_ones(params):
-    engine = JaxEngine(CONFIG, params, slots=SLOTS, max_len=MAX_LEN, decode_steps=DECODE_STEPS)
+    engine = JaxEngine(CONFIG, params, slots=SLOTS, max_len=MAX_LEN, decode_steps=DECODE_STEPS,
+                    decode_windows=WINDOWS)
     prompts = random_prompts([3] * 6, seed=10)
     sampling = SamplingParams(temperature=1.0, max_new_tokens=60)
 
@@ -302,7 +312,8 @@ def test_close_fails_pending_requests_and_refuses_new_ones(params):
 
 
 def test_a_dead_stepping_thread_fails_every_request_instead_of_hanging(params):
-    engine = JaxEngine(CONFIG, params, slots=SLOTS, max_len=MAX_LEN, decode_steps=DECODE_STEPS)
+    engine = JaxEngine(CONFIG, params, slots=SLOTS, max_len=MAX_LEN, decode_steps=DECODE_STEPS,
+                    decode_windows=WINDOWS)
     engine.wait_ready(timeout=600)
     prompts = random_prompts([3] * 6, seed=11)
     sampling = SamplingParams(temperature=1.0, max_new_tokens=60)
@@ -328,7 +339,8 @@ def test_tokens_per_device_call_do_not_change_what_is_sampled(engine, params):
     prompts = random_prompts([4, 19, 33, 8, 50, 2], seed=12)
     samplings = [SamplingParams(temperature=1.0, top_p=0.9, max_new_tokens=n, seed=100 + i, stop_token_ids=(7,))
                  for i, n in enumerate([30, 9, 25, 14, 13, 40])]
-    single = JaxEngine(CONFIG, params, slots=SLOTS, max_len=MAX_LEN, decode_steps=1)
+    single = JaxEngine(CONFIG, params, slots=SLOTS, max_len=MAX_LEN, decode_steps=1,
+                    decode_windows=WINDOWS)
     try:
         one_by_one = run(generate_all(single, prompts, samplings))
     finally:
