@@ -54,10 +54,33 @@ def apply_rope(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
     return x * cos[:, :, None, :] + rotated * sin[:, :, None, :]
 
 
-def dense(config: ModelConfig, features: int, use_bias: bool, name: str) -> nn.Dense:
+class Dense(nn.Module):
+    """x @ kernel (+ bias) over the last axis, parameters named as `nn.Dense`'s ("kernel" [in, out], "bias").
+
+    The leading axes are flattened into one before the matmul: XLA:CPU ran the kernel gradient of a dot that
+    contracts two leading axes (batch and sequence) about 3x slower than the same flat matmul (measured on
+    [4, 256, 256] inputs), and the projections' gradients are most of a training step.
+    """
+
+    features: int
+    use_bias: bool
+    dtype: Any
+    param_dtype: Any
+    precision: jax.lax.Precision
+
+    @nn.compact
+    def __call__(self, x: jax.Array) -> jax.Array:
+        kernel = self.param("kernel", _INIT, (x.shape[-1], self.features), self.param_dtype)
+        flat = x.reshape(-1, x.shape[-1]).astype(self.dtype)
+        y = jnp.dot(flat, kernel.astype(self.dtype), precision=self.precision)
+        if self.use_bias:
+            y = y + self.param("bias", nn.initializers.zeros, (self.features,), self.param_dtype).astype(self.dtype)
+        return y.reshape(*x.shape[:-1], self.features)
+
+
+def dense(config: ModelConfig, features: int, use_bias: bool, name: str) -> Dense:
     """A projection with the config's dtypes, precision and HF-like init (normal(0.02) kernel, zero bias)."""
-    return nn.Dense(features, use_bias=use_bias, dtype=config.jnp_dtype, param_dtype=config.jnp_param_dtype,
-                    precision=config.jax_precision, kernel_init=_INIT, name=name)
+    return Dense(features, use_bias, config.jnp_dtype, config.jnp_param_dtype, config.jax_precision, name=name)
 
 
 class Attention(nn.Module):
