@@ -43,7 +43,9 @@ TOOL_MODEL_SHAPE = ("ModelConfig.hidden_size = 64", "ModelConfig.intermediate_si
                     "ModelConfig.head_dim = 32", "ModelConfig.max_position_embeddings = 1024")
 PROGRAM = ToolCall(code="print(6 * 7)")
 ANSWER_TURN = "<answer>\\boxed{42}</answer>"
-SFT_QUESTIONS, SFT_STEPS, SFT_LEARNING_RATE = 4, 200, 1e-2
+# 16 questions, not 4: with 4 the model's behaviour on new questions was left to chance (after a numerically
+# equivalent rewrite of the projections, 36 of 64 rollouts called the tool instead of 64); with 16, 64 of 64 did.
+SFT_QUESTIONS, SFT_STEPS, SFT_LEARNING_RATE = 16, 200, 1e-2
 SANDBOX_ARGS = ("--workers", "2", "--default-timeout-s", "10")
 TRAINED_MARK = "sft_loss.txt"
 MAX_TURNS, BUDGET = 4, 512  # the rollouts' turn limit and response budget
