@@ -4,9 +4,10 @@ Layout: keys/values [L, B, Hkv, max_len, D] (head-major: each slot's and head's 
 matrix, the operand attention's dot reads without a transpose) and `lengths` [B]. Each batch row is an independent
 slot stored compactly: the token at position p of a slot lives at cache index p, so a slot's positions are
 0..length-1 whatever the padding of the batch that wrote it. A call reads the cache and attends to its own new
-keys beside it, then writes them in place (the cache is donated), so a decode step never copies the cache. Every call takes a token mask: rows whose mask is all zero keep their state,
-which is how a continuous-batching engine prefills one slot while others keep decoding; `prefill_slot` does the
-same for a single slot without computing the other rows. Shapes never depend on the data, so nothing recompiles.
+keys beside it, then writes them in place (the cache is donated), so a decode step never copies the cache. Every
+call takes a token mask: rows whose mask is all zero keep their state, which is how a continuous-batching engine
+prefills one slot while others keep decoding; `prefill_slot` does the same for a single slot without computing the
+other rows. Shapes never depend on the data, so nothing recompiles.
 Writes past `max_len` are dropped: the caller must keep length + new tokens <= max_len.
 """
 

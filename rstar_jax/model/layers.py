@@ -17,8 +17,8 @@ from rstar_jax.model.attention import cached_attention, grouped_attention
 from rstar_jax.model.config import ModelConfig
 from rstar_jax.parallel import constrain
 
-LayerCache = tuple[jax.Array, jax.Array]  # one layer's cached (keys, values), each [B, kv_heads, max_len, head_dim]
-NewKeys = tuple[jax.Array, jax.Array]  # one layer's keys and values of this call's tokens, each [B, T, kv_heads, head_dim]
+LayerCache = tuple[jax.Array, jax.Array]  # one layer's cached keys, values: each [B, kv_heads, max_len, head_dim]
+NewKeys = tuple[jax.Array, jax.Array]  # one layer's keys, values of this call's tokens: each [B, T, kv_heads, head_dim]
 CacheMasks = tuple[jax.Array, jax.Array]  # (cached_mask [B, T or 1, max_len], new_mask [B, T, T])
 _INIT = nn.initializers.normal(stddev=0.02)
 
