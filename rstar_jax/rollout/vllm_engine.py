@@ -29,6 +29,10 @@ from rstar_jax.rollout.vllm_metrics import capacity_from_metrics
 from rstar_jax.rollout.vllm_weight_sync import SyncCheckpoint, push_weights, write_sync_checkpoint
 
 _UNREACHABLE = (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, TimeoutError)
+# vLLM's HTTP server closes a keep-alive connection after 5 idle seconds (VLLM_HTTP_TIMEOUT_KEEP_ALIVE) and aiohttp
+# keeps idle ones for 15 s, so a request after a pause could go out on a connection the server had just closed
+# (seen: "Can not write request body" on /pause after a long turn). Idle connections are dropped sooner here.
+IDLE_CONNECTION_S = 2.0
 
 
 @gin.configurable
@@ -53,7 +57,8 @@ class VLLMServerEngine:
         """The HTTP session of the running event loop (a new loop, e.g. a new asyncio.run, gets a new session)."""
         loop = asyncio.get_running_loop()
         if self._session is None or self._session.closed or self._session_loop is not loop:
-            self._session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0))
+            self._session = aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=IDLE_CONNECTION_S))
             self._session_loop = loop
         return self._session
 

@@ -73,15 +73,24 @@ def write_sync_checkpoint(config: ModelConfig, params: Params, version: int, dir
 
 async def _post(session: aiohttp.ClientSession, url: str, body: dict[str, Any] | None = None,
                 timeout_s: float | None = None) -> Any:
-    """POST JSON and return the decoded reply; a dead server raises EngineUnavailable, an error reply RuntimeError."""
-    try:
-        async with session.post(url, json=body or {}, timeout=aiohttp.ClientTimeout(total=timeout_s)) as response:
-            text = await response.text()
-            if response.status != 200:
-                raise RuntimeError(f"POST {url} answered {response.status}: {text[:2000]}")
-            return await response.json(content_type=None) if text else None
-    except (aiohttp.ClientConnectionError, TimeoutError) as exc:
-        raise EngineUnavailable(f"POST {url} failed: {exc!r}") from exc
+    """POST JSON and return the decoded reply; a dead server raises EngineUnavailable, an error reply RuntimeError.
+
+    Every sync step is idempotent (pause, reload the same file, reset, resume), so a request that fails on a pooled
+    connection the server had already closed is sent once more on a fresh one (seen once in CI: "Can not write
+    request body" on /pause after a long turn); a server that is really gone fails the second time too.
+    """
+    for attempt in (1, 2):
+        try:
+            async with session.post(url, json=body or {}, timeout=aiohttp.ClientTimeout(total=timeout_s)) as response:
+                text = await response.text()
+                if response.status != 200:
+                    raise RuntimeError(f"POST {url} answered {response.status}: {text[:2000]}")
+                return await response.json(content_type=None) if text else None
+        except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as exc:
+            if attempt == 2:
+                raise EngineUnavailable(f"POST {url} failed twice: {exc!r}") from exc
+        except (aiohttp.ClientConnectionError, TimeoutError) as exc:
+            raise EngineUnavailable(f"POST {url} failed: {exc!r}") from exc
 
 
 @gin.configurable
