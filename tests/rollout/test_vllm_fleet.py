@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from rstar_jax.model import CausalLM, init_params
-from rstar_jax.rollout.engine import FINISH_LENGTH, FINISH_STOP, EngineUnavailable, SamplingParams
+from rstar_jax.rollout.engine import FINISH_LENGTH, FINISH_STOP, EngineCapacity, EngineUnavailable, SamplingParams
 from rstar_jax.rollout.vllm_engine import VLLMServerEngine
 from rstar_jax.rollout.vllm_fleet import VLLMFleet, measure_weight_sync
 from rstar_jax.rollout.vllm_server import start_server, wait_healthy
@@ -80,6 +80,15 @@ async def until_in_flight(engine: VLLMServerEngine, task: asyncio.Task, settle_s
     assert not task.done(), "the turn finished before it was seen in flight; make it longer"
 
 
+async def until_idle(engine: VLLMServerEngine, timeout_s: float = 60.0) -> EngineCapacity:
+    """The server's capacity once it reports no running or waiting request (asserted within `timeout_s`)."""
+    deadline = time.monotonic() + timeout_s
+    while (capacity := await engine.capacity()).requests_running + capacity.requests_waiting:
+        assert time.monotonic() < deadline, f"the server still reports work after {timeout_s} s: {capacity}"
+        await asyncio.sleep(0.05)
+    return capacity
+
+
 def test_generate_returns_sampled_ids_with_their_raw_logprobs(served):
     fleet, model = served["tied"]
     engine = fleet.engines[0]
@@ -118,26 +127,37 @@ def test_capacity_reports_the_kv_size_and_live_queues(served):
     assert idle.kv_tokens_total == KV_CACHE_BYTES // bytes_per_token == 524_288
     assert (idle.kv_tokens_used, idle.requests_running, idle.requests_waiting) == (0, 0, 0)
 
-    # /metrics answers slowly while the server decodes on this 2-core box (seen: one poll took 3.8 s and came back
-    # after a 400-token turn had ended), so keep the server busy for many seconds: 16 long turns, 8 slots.
-    turns, slots, turn_len = 16, 8, 512
+    # 16 turns of minutes' work in all on 8 slots, so the server is busy whenever a poll lands; the turns are
+    # cancelled once one poll has seen them, and a server must then drop the requests whose client went away.
+    turns, slots = 16, 8
 
-    async def during_generation() -> list:
-        sampling = SamplingParams(max_new_tokens=turn_len - len(PROMPT), seed=0)
+    async def during_generation() -> tuple[list, EngineCapacity]:
+        sampling = SamplingParams(max_new_tokens=LONG_TURN, seed=0)
         tasks = [asyncio.create_task(engine.generate(PROMPT, sampling)) for _ in range(turns)]
-        seen = []
-        while not all(task.done() for task in tasks):
-            seen.append(await engine.capacity())
-        await asyncio.gather(*tasks)
-        return seen
+        started, polls = time.monotonic(), []  # (seconds since the turns were sent, poll latency, capacity)
+        try:
+            while not any(task.done() for task in tasks):
+                sent = time.monotonic()
+                capacity = await engine.capacity()
+                polls.append((round(sent - started, 2), round(time.monotonic() - sent, 2), capacity))
+                if capacity.requests_running:
+                    break
+                await asyncio.sleep(0.05)
+            finished = [task.result() for task in tasks if task.done()]
+        finally:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+        assert not finished, f"{len(finished)} turns ended before a poll saw one running; polls: {polls}"
+        return polls, await until_idle(engine)
 
-    seen = run(fleet, during_generation())
-    busy = [capacity for capacity in seen if capacity.requests_running]
-    assert busy, f"no /metrics poll saw a running request in {len(seen)} polls"
-    for capacity in busy:
-        assert capacity.requests_running <= slots and capacity.requests_running + capacity.requests_waiting <= turns
-        # usage is a fraction of the pool (which counts vLLM's reserved null block), so allow one token of rounding
-        assert 0 < capacity.kv_tokens_used <= capacity.requests_running * turn_len + 1, "one sequence's blocks per turn"
+    polls, drained = run(fleet, during_generation())
+    busy = polls[-1][2]
+    assert busy.requests_running, f"no /metrics poll saw a running request; polls: {polls}"
+    assert busy.requests_running <= slots and busy.requests_running + busy.requests_waiting <= turns, busy
+    # usage is a fraction of the pool (which counts vLLM's reserved null block), so allow one token of rounding
+    assert 0 < busy.kv_tokens_used <= busy.requests_running * MAX_MODEL_LEN + 1, "one sequence's blocks per turn"
+    assert (drained.kv_tokens_used, drained.requests_running, drained.requests_waiting) == (0, 0, 0)
 
 
 @pytest.mark.parametrize("head", ["tied", "untied"])
@@ -208,6 +228,7 @@ def test_keep_mode_sync_switches_a_turn_in_flight_to_the_new_weights(served):
 
     async def sync_back_then_keep_mode_sync():
         await fleet.update_weights(old, version=30)
+        started = time.monotonic()
         task = asyncio.create_task(engine.generate(PROMPT, SamplingParams(max_new_tokens=LONG_TURN, seed=4)))
         await until_in_flight(engine, task)
         await asyncio.sleep(0.5)
@@ -216,18 +237,20 @@ def test_keep_mode_sync_switches_a_turn_in_flight_to_the_new_weights(served):
             await fleet.update_weights(new, version=31)  # the turn is frozen, not drained
         finally:
             gin.clear_config()
-        still_running = not task.done()
-        return still_running, await task
+        synced = time.monotonic() - started
+        turn = await task
+        return turn, f"sync returned {synced:.1f} s into the turn, which lasted {time.monotonic() - started:.1f} s"
 
-    still_running, turn = run(fleet, sync_back_then_keep_mode_sync())
-    assert still_running and len(turn.token_ids) == LONG_TURN
+    turn, timing = run(fleet, sync_back_then_keep_mode_sync())
+    assert len(turn.token_ids) == LONG_TURN and turn.finish_reason == FINISH_LENGTH, (len(turn.token_ids), timing)
     sequence = PROMPT + turn.token_ids
     by_old = jax_scores(model.config, old, sequence)[len(PROMPT) - 1:]
     by_new = jax_scores(model.config, new, sequence)[len(PROMPT) - 1:]
     on_old = np.abs(np.asarray(turn.logprobs) - by_old) < 1e-4
     on_new = np.abs(np.asarray(turn.logprobs) - by_new) < 1e-4
     switch = int(np.argmin(on_old))  # first token not sampled by the old weights
-    assert 0 < switch < LONG_TURN and on_old[:switch].all() and on_new[switch:].all()
+    assert 0 < switch < LONG_TURN, f"the new weights sampled no token ({timing})"
+    assert on_old[:switch].all() and on_new[switch:].all()
 
 
 def test_a_server_killed_mid_generation_raises_engine_unavailable(served):

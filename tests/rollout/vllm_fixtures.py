@@ -15,13 +15,17 @@ from rstar_jax.gin_setup import parse_gin
 from rstar_jax.model import CausalLM, ModelConfig, positions_from_mask, token_logprobs
 from rstar_jax.model.lm import Params
 
-# float32 for 1e-4 parity; eager mode skips minutes of torch.compile warm-up on a shared 2-core box. Turns that must
-# still be running when the test acts on them are long (MAX_MODEL_LEN) because /metrics can take seconds to answer
-# while the server decodes on 2 busy cores.
-MAX_MODEL_LEN = 2048
+# float32 for 1e-4 parity; eager mode skips minutes of torch.compile warm-up on a shared 2-core box. MAX_MODEL_LEN is
+# the tiny model's max_position_embeddings: a turn that must still be running when a test acts on it is that long
+# (about 20 s of decoding here), because the CI machine has twice lost a race against shorter turns.
+MAX_MODEL_LEN = 4096
 TEST_SERVER_ARGS = ("--dtype", "float32", "--max-model-len", str(MAX_MODEL_LEN), "--max-num-seqs", "8",
                     "--enforce-eager")
-TEST_SERVER_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1"}  # GiB of KV cache per server
+# 1 GiB of KV cache per server. The model runs one OpenMP thread on CPU 0 (what vLLM's automatic binding picks on this
+# 2-core machine), named here so servers run alike on any machine: one that shows more CPUs than it may use would
+# otherwise get spinning OpenMP threads that starve the API server. (CI twice lost races that this machine never loses;
+# the cause is not known, this is one candidate.)
+TEST_SERVER_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": "0"}
 KV_CACHE_BYTES = 2**30
 
 
