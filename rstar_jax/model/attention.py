@@ -79,7 +79,7 @@ def _blockwise_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Arr
             jnp.zeros((*stats_shape, head_dim), jnp.float32))
     (_, normaliser, accumulated), _ = jax.lax.scan(step, init, (k_blocks, v_blocks, mask_blocks, pad_scores))
     out = accumulated / normaliser[..., None]
-    return out.transpose(0, 3, 1, 2, 4).astype(v.dtype)
+    return _heads_last(out).astype(v.dtype)
 
 
 def cached_attention(q: jax.Array, cache_k: jax.Array, cache_v: jax.Array, new_k: jax.Array, new_v: jax.Array,

@@ -50,6 +50,8 @@ _COMPARISON = re.compile(r"\s*((?:\\leq?|\\geq?|\\lt|\\gt)(?![A-Za-z])|<=|>=|<|>
 _INCLUSIVE = {"\\le", "\\leq", "\\ge", "\\geq", "<=", ">="}
 _GREATER = {"\\ge", "\\geq", "\\gt", ">=", ">"}
 _VARIABLE = re.compile(r"^[A-Za-z]$")
+_MIRRORED = {"<": ">", ">": "<", "<=": ">=", ">=": "<=", "\\lt": "\\gt", "\\gt": "\\lt",
+             "\\le": "\\ge", "\\ge": "\\le", "\\leq": "\\geq", "\\geq": "\\leq"}  # a < x is x > a
 
 
 def _canonical_decimal(text: str) -> str:
@@ -89,14 +91,11 @@ def _interval_from_inequality(text: str) -> str:
     """`3 \\le x < 5` -> `[3,5)`, `x > 2` -> `(2,\\infty)`, `5 \\ge x` -> `(-\\infty,5]`: an answer given as the
     range of one variable becomes the interval a reference would write; anything else is unchanged."""
     parts = _COMPARISON.split(text.strip())
+    if len(parts) == 3 and _VARIABLE.match(parts[2]):  # a < x or b > x: read as x > a or x < b
+        parts = [parts[2], _MIRRORED[parts[1]], parts[0]]
     if len(parts) == 3 and _VARIABLE.match(parts[0]):  # x < b or x > a
         _, op, bound = parts
-        greater = op in _GREATER
-        low, high, ops = (bound, "\\infty", (op, "<")) if greater else ("-\\infty", bound, ("<", op))
-    elif len(parts) == 3 and _VARIABLE.match(parts[2]):  # a < x or b > x
-        bound, op, _ = parts
-        greater = op in _GREATER
-        low, high, ops = ("-\\infty", bound, ("<", op)) if greater else (bound, "\\infty", (op, "<"))
+        low, high, ops = (bound, "\\infty", (op, "<")) if op in _GREATER else ("-\\infty", bound, ("<", op))
     elif len(parts) == 5 and _VARIABLE.match(parts[2]) and (parts[1] in _GREATER) == (parts[3] in _GREATER):
         first, op1, _, op2, last = parts
         low, high, ops = (last, first, (op2, op1)) if op1 in _GREATER else (first, last, (op1, op2))

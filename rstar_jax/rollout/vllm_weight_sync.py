@@ -76,8 +76,10 @@ async def _post(session: aiohttp.ClientSession, url: str, body: dict[str, Any] |
     """POST JSON and return the decoded reply; a dead server raises EngineUnavailable, an error reply RuntimeError.
 
     Every sync step is idempotent (pause, reload the same file, reset, resume), so a request that fails on a pooled
-    connection the server had already closed is sent once more on a fresh one (seen once in CI: "Can not write
-    request body" on /pause after a long turn); a server that is really gone fails the second time too.
+    connection the server had already closed is sent once more on a fresh one (seen in a full local test run:
+    "Can not write request body" on /pause after a long turn). The client's short keep-alive makes that rare; the
+    retry is here and not in `VLLMServerEngine._request` because a sync step that fails can leave a server paused,
+    while a failed generate is retried on another server by the router. A server that is really gone fails twice.
     """
     for attempt in (1, 2):
         try:
