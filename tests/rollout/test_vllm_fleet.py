@@ -8,7 +8,10 @@ Both servers start at once for the whole module and are always stopped (process 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import os
 import time
+from pathlib import Path
 from typing import Any, Awaitable, Iterator
 
 import gin
@@ -25,6 +28,7 @@ from vllm_fixtures import (
     KV_CACHE_BYTES,
     MAX_MODEL_LEN,
     TEST_SERVER_ARGS,
+    TEST_SERVER_CPUS,
     TEST_SERVER_ENV,
     jax_scores,
     sharpened,
@@ -47,7 +51,7 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, tuple
     try:
         for name in models:
             servers.append(start_server(root / name, log_dir=root / "logs", extra_args=TEST_SERVER_ARGS,
-                                        extra_env=TEST_SERVER_ENV))
+                                        extra_env=TEST_SERVER_ENV, cpus=TEST_SERVER_CPUS))
         for server in servers:
             wait_healthy(server)
         yield {name: (VLLMFleet([VLLMServerEngine(server.url, model.config)], model.config, [server]), model)
@@ -70,14 +74,65 @@ def run(fleet: VLLMFleet, coroutine: Awaitable[Any]) -> Any:
 
 
 async def until_in_flight(engine: VLLMServerEngine, task: asyncio.Task, settle_s: float = 2.0) -> None:
-    """Return once `task`'s turn is being generated: the server reports a running request, or the turn has run for
-    `settle_s` seconds without finishing. The /metrics gauges can miss a turn entirely, so polling them alone
-    could wait forever (seen: a 120-token turn finished while every poll read 0 running)."""
-    started = time.monotonic()
-    while (await engine.capacity()).requests_running == 0 and time.monotonic() - started < settle_s:
+    """Return once `task`'s turn is being generated: a /metrics poll reports a running request, or the turn has run
+    for `settle_s` seconds without finishing. The gauges can miss a turn entirely (seen: a 120-token turn finished
+    while every poll read 0 running), and a poll is cut off at `settle_s`: on CI a poll sent early in a turn was
+    answered only when the turn ended, which made a test act on a turn that was already over."""
+    deadline = time.monotonic() + settle_s
+    while (left := deadline - time.monotonic()) > 0:
         assert not task.done(), "the turn finished before it was seen in flight; make it longer"
+        try:
+            if (await asyncio.wait_for(engine.capacity(), left)).requests_running:
+                break
+        except TimeoutError:
+            break
         await asyncio.sleep(0.02)
     assert not task.done(), "the turn finished before it was seen in flight; make it longer"
+
+
+class Watch:
+    """What the client saw while a test raced a turn, for its failure message: the longest stall of this event loop
+    (a 50 ms ticker) and, every `poll_every_s`, a /metrics poll's start, latency and running count. It tells a server
+    that answered late (what CI's failures look like) from a client that could not send."""
+
+    def __init__(self, engine: VLLMServerEngine, poll_every_s: float | None = 0.25) -> None:
+        self.engine, self.poll_every_s = engine, poll_every_s
+        self.polls: list[tuple[float, float, int | None]] = []  # (s since start, s to answer, requests running)
+        self.longest_stall_s = 0.0
+
+    async def __aenter__(self) -> Watch:
+        self.started = time.monotonic()
+        self._tasks = [asyncio.create_task(self._tick())]
+        if self.poll_every_s is not None:
+            self._tasks.append(asyncio.create_task(self._poll()))
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    async def _tick(self) -> None:
+        last = time.monotonic()
+        while True:
+            await asyncio.sleep(0.05)
+            now = time.monotonic()
+            self.longest_stall_s, last = max(self.longest_stall_s, now - last - 0.05), now
+
+    async def _poll(self) -> None:
+        while True:
+            sent = time.monotonic()
+            try:
+                running: int | None = (await self.engine.capacity()).requests_running
+            except EngineUnavailable:
+                running = None
+            self.polls.append((round(sent - self.started, 2), round(time.monotonic() - sent, 2), running))
+            await asyncio.sleep(self.poll_every_s)
+
+    def __str__(self) -> str:
+        slow = [poll for poll in self.polls if poll[1] > 0.5]
+        return (f"client event loop stalled at most {self.longest_stall_s:.2f} s; {len(self.polls)} /metrics polls, "
+                f"first ones {self.polls[:8]}, slower than 0.5 s {slow[:20]} (s from start, s to answer, running)")
 
 
 async def until_idle(engine: VLLMServerEngine, timeout_s: float = 60.0) -> EngineCapacity:
@@ -87,6 +142,23 @@ async def until_idle(engine: VLLMServerEngine, timeout_s: float = 60.0) -> Engin
         assert time.monotonic() < deadline, f"the server still reports work after {timeout_s} s: {capacity}"
         await asyncio.sleep(0.05)
     return capacity
+
+
+def process_group(leader: int) -> list[int]:
+    """Pids of the live processes whose process group is `leader`'s."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        with contextlib.suppress(OSError, ValueError):
+            if entry.name.isdigit() and int((entry / "stat").read_text().rsplit(")", 1)[1].split()[2]) == leader:
+                pids.append(int(entry.name))
+    return pids
+
+
+def test_every_process_of_a_pinned_server_runs_on_its_cpus(served):
+    for fleet, _ in served.values():
+        pids = process_group(fleet.servers[0].process.pid)
+        assert len(pids) >= 3, f"expected the API server, engine core and worker, found {pids}"  # and helpers
+        assert {pid: os.sched_getaffinity(pid) for pid in pids} == {pid: set(TEST_SERVER_CPUS) for pid in pids}
 
 
 def test_generate_returns_sampled_ids_with_their_raw_logprobs(served):
@@ -131,29 +203,33 @@ def test_capacity_reports_the_kv_size_and_live_queues(served):
     # cancelled once one poll has seen them, and a server must then drop the requests whose client went away.
     turns, slots = 16, 8
 
-    async def during_generation() -> tuple[list, EngineCapacity]:
+    async def during_generation() -> tuple[list, EngineCapacity, Watch]:
         sampling = SamplingParams(max_new_tokens=LONG_TURN, seed=0)
-        tasks = [asyncio.create_task(engine.generate(PROMPT, sampling)) for _ in range(turns)]
-        started, polls = time.monotonic(), []  # (seconds since the turns were sent, poll latency, capacity)
-        try:
-            while not any(task.done() for task in tasks):
-                sent = time.monotonic()
-                capacity = await engine.capacity()
-                polls.append((round(sent - started, 2), round(time.monotonic() - sent, 2), capacity))
-                if capacity.requests_running:
-                    break
-                await asyncio.sleep(0.05)
-            finished = [task.result() for task in tasks if task.done()]
-        finally:
-            for task in tasks:
-                task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
-        assert not finished, f"{len(finished)} turns ended before a poll saw one running; polls: {polls}"
-        return polls, await until_idle(engine)
+        polls = []  # (seconds since the turns were sent, seconds to answer, capacity or None when cut off at 5 s)
+        async with Watch(engine, poll_every_s=None) as watch:
+            tasks = [asyncio.create_task(engine.generate(PROMPT, sampling)) for _ in range(turns)]
+            try:
+                while not any(task.done() for task in tasks) and time.monotonic() - watch.started < 120:
+                    sent = time.monotonic()
+                    try:
+                        capacity = await asyncio.wait_for(engine.capacity(), 5.0)
+                    except TimeoutError:
+                        capacity = None
+                    polls.append((round(sent - watch.started, 2), round(time.monotonic() - sent, 2), capacity))
+                    if capacity is not None and capacity.requests_running:
+                        break
+                    await asyncio.sleep(0.05)
+                finished = [task.result() for task in tasks if task.done()]
+            finally:
+                for task in tasks:
+                    task.cancel()
+                await asyncio.gather(*tasks, return_exceptions=True)
+        assert not finished, f"{len(finished)} turns ended before a poll saw one running; polls: {polls}; {watch}"
+        return polls, await until_idle(engine), watch
 
-    polls, drained = run(fleet, during_generation())
+    polls, drained, watch = run(fleet, during_generation())
     busy = polls[-1][2]
-    assert busy.requests_running, f"no /metrics poll saw a running request; polls: {polls}"
+    assert busy is not None and busy.requests_running, f"no /metrics poll saw a running request; {polls}; {watch}"
     assert busy.requests_running <= slots and busy.requests_running + busy.requests_waiting <= turns, busy
     # usage is a fraction of the pool (which counts vLLM's reserved null block), so allow one token of rounding
     assert 0 < busy.kv_tokens_used <= busy.requests_running * MAX_MODEL_LEN + 1, "one sequence's blocks per turn"
@@ -228,18 +304,20 @@ def test_keep_mode_sync_switches_a_turn_in_flight_to_the_new_weights(served):
 
     async def sync_back_then_keep_mode_sync():
         await fleet.update_weights(old, version=30)
-        started = time.monotonic()
-        task = asyncio.create_task(engine.generate(PROMPT, SamplingParams(max_new_tokens=LONG_TURN, seed=4)))
-        await until_in_flight(engine, task)
-        await asyncio.sleep(0.5)
-        gin.bind_parameter("push_weights.pause_mode", "keep")
-        try:
-            await fleet.update_weights(new, version=31)  # the turn is frozen, not drained
-        finally:
-            gin.clear_config()
-        synced = time.monotonic() - started
-        turn = await task
-        return turn, f"sync returned {synced:.1f} s into the turn, which lasted {time.monotonic() - started:.1f} s"
+        async with Watch(engine) as watch:
+            task = asyncio.create_task(engine.generate(PROMPT, SamplingParams(max_new_tokens=LONG_TURN, seed=4)))
+            await until_in_flight(engine, task)
+            await asyncio.sleep(0.5)
+            sync_sent = time.monotonic() - watch.started
+            gin.bind_parameter("push_weights.pause_mode", "keep")
+            try:
+                await fleet.update_weights(new, version=31)  # the turn is frozen, not drained
+            finally:
+                gin.clear_config()
+            synced = time.monotonic() - watch.started
+            turn = await task
+        return turn, (f"sync sent {sync_sent:.1f} s into the turn and returned at {synced:.1f} s; the turn lasted "
+                      f"{time.monotonic() - watch.started:.1f} s; {watch}")
 
     turn, timing = run(fleet, sync_back_then_keep_mode_sync())
     assert len(turn.token_ids) == LONG_TURN and turn.finish_reason == FINISH_LENGTH, (len(turn.token_ids), timing)
@@ -258,11 +336,18 @@ def test_a_server_killed_mid_generation_raises_engine_unavailable(served):
     engine = fleet.engines[0]
 
     async def kill_during_generation():
+        started = time.monotonic()
         task = asyncio.create_task(engine.generate(PROMPT, SamplingParams(max_new_tokens=LONG_TURN, seed=1)))
         await until_in_flight(engine, task)
+        killed_at = time.monotonic() - started
         fleet.servers[0].kill()
-        with pytest.raises(EngineUnavailable):
-            await task
+        try:
+            turn = await task
+        except EngineUnavailable:
+            pass
+        else:
+            pytest.fail(f"the turn ended normally ({len(turn.token_ids)} tokens, {turn.finish_reason}) although its "
+                        f"server was killed {killed_at:.1f} s into it")
         with pytest.raises(EngineUnavailable):
             await engine.capacity()
         with pytest.raises(EngineUnavailable):

@@ -20,7 +20,9 @@ from rstar_jax.rollout.vllm_engine import VLLMServerEngine, generation_from_comp
 from rstar_jax.rollout.vllm_fleet import VLLMFleet, make_fleet, measure_weight_sync
 from rstar_jax.rollout.vllm_metrics import capacity_from_metrics, kv_tokens_per_engine
 from rstar_jax.rollout.vllm_server import (
+    cpu_list,
     launch_servers,
+    pinned_command,
     server_command,
     server_env,
     start_server,
@@ -204,6 +206,17 @@ def test_launch_servers_checks_its_arguments(tmp_path):
         launch_servers(tmp_path, 0)
     with pytest.raises(ValueError, match="per_server_env has 1 entries for 2 servers"):
         launch_servers(tmp_path, 2, per_server_env=[{"CUDA_VISIBLE_DEVICES": "0"}])
+    with pytest.raises(ValueError, match="per_server_cpus has 3 entries for 2 servers"):
+        launch_servers(tmp_path, 2, per_server_cpus=[[0], [1], [2]])
+
+
+def test_a_pinned_command_runs_under_taskset_on_the_given_cpus():
+    command = pinned_command(["python", "-m", "vllm"], [2, 0, 3])
+    assert Path(command[0]).name == "taskset" and command[1:] == ["--cpu-list", "2,0,3", "python", "-m", "vllm"]
+    assert cpu_list((5,)) == "5"
+    for bad in ([], [-1]):
+        with pytest.raises(ValueError, match="non-empty list of CPU ids"):
+            cpu_list(bad)
 
 
 def test_a_fleet_sync_names_the_unreachable_servers(tmp_path):

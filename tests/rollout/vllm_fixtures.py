@@ -21,11 +21,11 @@ from rstar_jax.model.lm import Params
 MAX_MODEL_LEN = 4096
 TEST_SERVER_ARGS = ("--dtype", "float32", "--max-model-len", str(MAX_MODEL_LEN), "--max-num-seqs", "8",
                     "--enforce-eager")
-# 1 GiB of KV cache per server. The model runs one OpenMP thread on CPU 0 (what vLLM's automatic binding picks on this
-# 2-core machine), named here so servers run alike on any machine: one that shows more CPUs than it may use would
-# otherwise get spinning OpenMP threads that starve the API server. (CI twice lost races that this machine never loses;
-# the cause is not known, this is one candidate.)
-TEST_SERVER_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": "0"}
+# 1 GiB of KV cache per server, and every process of a server on CPU 0 (start_server's `cpus`): unpinned, vLLM's
+# spinning engine core takes the second core while a turn decodes, and requests sent to the server mid-turn were
+# answered seconds late (CI lost three races that way; see vllm_server.pinned_command).
+TEST_SERVER_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1"}
+TEST_SERVER_CPUS = (0,)
 KV_CACHE_BYTES = 2**30
 
 
