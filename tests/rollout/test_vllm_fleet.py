@@ -76,8 +76,8 @@ def run(fleet: VLLMFleet, coroutine: Awaitable[Any]) -> Any:
 async def until_in_flight(engine: VLLMServerEngine, task: asyncio.Task, settle_s: float = 2.0) -> None:
     """Return once `task`'s turn is being generated: a /metrics poll reports a running request, or the turn has run
     for `settle_s` seconds without finishing. The gauges can miss a turn entirely (seen: a 120-token turn finished
-    while every poll read 0 running), and a poll is cut off at `settle_s`: on CI a poll sent early in a turn was
-    answered only when the turn ended, which made a test act on a turn that was already over."""
+    while every poll read 0 running), and a poll is cut off at `settle_s`: on CI an unpinned server answered a poll
+    sent early in a turn only when the turn ended, and the test then acted on a turn that was already over."""
     deadline = time.monotonic() + settle_s
     while (left := deadline - time.monotonic()) > 0:
         assert not task.done(), "the turn finished before it was seen in flight; make it longer"
@@ -93,7 +93,7 @@ async def until_in_flight(engine: VLLMServerEngine, task: asyncio.Task, settle_s
 class Watch:
     """What the client saw while a test raced a turn, for its failure message: the longest stall of this event loop
     (a 50 ms ticker) and, every `poll_every_s`, a /metrics poll's start, latency and running count. It tells a server
-    that answered late (what CI's failures look like) from a client that could not send."""
+    that answered late (CI's failures with unpinned servers) from a client that could not send."""
 
     def __init__(self, engine: VLLMServerEngine, poll_every_s: float | None = 0.25) -> None:
         self.engine, self.poll_every_s = engine, poll_every_s
@@ -157,7 +157,7 @@ def process_group(leader: int) -> list[int]:
 def test_every_process_of_a_pinned_server_runs_on_its_cpus(served):
     for fleet, _ in served.values():
         pids = process_group(fleet.servers[0].process.pid)
-        assert len(pids) >= 3, f"expected the API server, engine core and worker, found {pids}"  # and helpers
+        assert len(pids) >= 3, f"expected the API server, engine core and worker (at least), found {pids}"
         assert {pid: os.sched_getaffinity(pid) for pid in pids} == {pid: set(TEST_SERVER_CPUS) for pid in pids}
 
 
