@@ -18,7 +18,7 @@ from rstar_jax.model import ModelConfig, positions_from_mask, token_logprobs
 from rstar_jax.model.lm import Params
 from rstar_jax.parallel import activation_sharding, use_mesh
 from rstar_jax.train.batching import TokenBatch
-from rstar_jax.train.losses import masked_nll
+from rstar_jax.rl.losses import masked_nll
 from rstar_jax.train.state import TrainState
 
 Metrics = dict[str, jax.Array]

@@ -14,7 +14,7 @@ import transformers
 from rstar_jax.model import ModelConfig, init_params, load_hf, save_hf
 from rstar_jax.parallel import make_mesh
 from rstar_jax.train.batching import TokenBatch, batch_indices, bucket_length, make_batch
-from rstar_jax.train.losses import LOSSES, get_loss, masked_nll, register_loss
+from rstar_jax.rl.losses import LOSSES, get_loss, masked_nll, register_loss
 from rstar_jax.train.optim import adamw_optimizer
 from rstar_jax.train.sft import make_sft_step
 from rstar_jax.train.state import init_train_state, train_state_shardings
