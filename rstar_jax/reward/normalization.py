@@ -1,14 +1,18 @@
 """Rewriting an answer string into a canonical form before comparison (SPEC 3: "normalised").
 
-Only presentation is removed: display commands, spacing, units in `\\text{}`, degree and percent signs, thousands
-separators, `x =` before a value, "and"/"or" between listed values; the range of one variable (`3 \\le x < 5`) is
-written as its interval and the empty set has one spelling. Two answers with equal normal forms are equal;
+Only presentation is removed: display commands, spacing, units in `\\text{}` and the other text commands, degree
+and percent signs, thousands separators (see `digit_groups` for which commas and spaces those are), `x =` before a
+value, "and"/"or" between listed values; the range of one variable (`3 \\le x < 5`) is written as its interval, and
+the empty set and primes (see `primes`) have one spelling each. Two answers with equal normal forms are equal;
 different normal forms go on to the math-verify and sympy checkers, which decide mathematical equivalence.
 """
 
 from __future__ import annotations
 
 import re
+
+from rstar_jax.reward.digit_groups import bare_group_commas, joined_digit_groups
+from rstar_jax.reward.primes import canonical_primes
 
 _UNICODE_MATH = str.maketrans(
     {
@@ -22,29 +26,40 @@ _UNICODE_MATH = str.maketrans(
         "≤": "\\le ",
         "≥": "\\ge ",
         "∅": "\\emptyset ",
+        "′": "'",
+        "″": "''",
+        "‴": "'''",
     }
 )
 _DISPLAY_COMMANDS = re.compile(r"\\(?:displaystyle|textstyle|left|right|big|Big|bigg|Bigg)(?![A-Za-z])")
 _FRACTION_VARIANTS = re.compile(r"\\[dt]frac(?![A-Za-z])")
-_THIN_SPACING = re.compile(r"\\[,!]")
-_SPACING = re.compile(r"\\[;: ]|\\q?quad(?![A-Za-z])|~")
+_SPACING = re.compile(r"\\[,!;: ]|\\q?quad(?![A-Za-z])|~")
+_WHITESPACE = re.compile(r"\s+")
 _DEGREES = re.compile(r"\^\s*\{?\s*\\circ\s*\}?|°|\\degree(?![A-Za-z])")
 _PERCENT = re.compile(r"\\?%")
 _DOLLAR = re.compile(r"\\?\$")
-_TEXT_COMMAND = re.compile(r"\\(?:text|textbf|textit|textrm|mathrm|mbox|mathbf|operatorname)\s*\{([^{}]*)\}")
-_WHOLE_TEXT = re.compile(r"^\\(?:text|textbf|textit|textrm|mathrm|mbox)\s*\{([^{}]*)\}$")
+# Commands whose argument may be words (a unit, a name, "and"); math alphabets hold symbols (\mathbf{v} is a vector).
+_WORD_COMMANDS = r"\\(?:text|textnormal|textrm|textbf|textit|textsl|textup|textsf|texttt|emph|mbox|hbox|mathrm)"
+_MATH_ALPHABETS = r"\\(?:mathbf|mathit|mathsf|mathtt|mathnormal)"
+_TEXT_COMMAND = re.compile(rf"(?:{_WORD_COMMANDS}|{_MATH_ALPHABETS}|\\operatorname)\s*\{{([^{{}}]*)\}}")
+_STYLED_SYMBOL = re.compile(rf"{_MATH_ALPHABETS}\s*\{{|{_WORD_COMMANDS}\s*\{{[A-Za-z]\}}")
+_WHOLE_TEXT = re.compile(rf"^{_WORD_COMMANDS}\s*\{{([^{{}}]*)\}}$")
 _NUMBER = r"-?(?:\d+(?:\.\d*)?|\.\d+)"
 _NUMBER_WITH_UNIT_WORDS = re.compile(rf"^({_NUMBER})\s+[A-Za-z]{{2,}}(?:\s+[A-Za-z]+)*$")
-_TRAILING_UNIT_TEXT = re.compile(r"^(.+?)\s*\\(?:text|mbox|mathrm)\s*\{\s*[A-Za-z][A-Za-z ]*\}(?:\^\{?\d\}?)?$")
+# A unit is a word, or a letter set off by a space (`5\text{ m}`); `2\mathrm{e}` and `3\textbf{v}` are symbols.
+_TRAILING_UNIT_TEXT = re.compile(
+    rf"^(.+?)\s*{_WORD_COMMANDS}\s*\{{(?:\s*[A-Za-z]{{2,}}|\s+[A-Za-z])[A-Za-z ]*\}}(?:\^\{{?\d\}}?)?$"
+)
 _VARIABLE_ASSIGNMENT = re.compile(r"(^|,)\s*[A-Za-z](?:_\{?\w+\}?)?\s*=(?!=)\s*")
-_THOUSANDS_COMMAS = re.compile(r"^(-?\d{1,3}(?:, ?\d{3})+)(\.\d+)?$")
-_THOUSANDS_SPACES = re.compile(r"^(-?\d{1,3}(?: \d{3})+)(\.\d+)?$")
 _DECIMAL = re.compile(r"^(-?)(\d*)\.(\d+)$")
-_TEXT_CONJUNCTION = re.compile(r"(?:,\s*)?\\text\s*\{\s*,?\s*(?:and|or)\s*\}")
+_CONJUNCTION = re.compile(
+    rf"\s*(?:,\s*)?(?:{_WORD_COMMANDS}\s*\{{\s*,?\s*(?:and|or)\s*\}}|(?<![A-Za-z\\])(?:and|or)(?![A-Za-z]))\s*"
+)
 _WORD = re.compile(r"[A-Za-z]{3,}")
 _LATEX_COMMAND = re.compile(r"\\(?:begin|end)\s*\{[A-Za-z*]+\}|\\[A-Za-z]+")
 _MATH_WORDS = frozenset({"sqrt", "pi", "sin", "cos", "tan", "cot", "sec", "csc", "log", "ln", "exp", "oo", "inf"})
-_SPACE_NOT_BETWEEN_LETTERS = re.compile(r"(?<![A-Za-z])\s+|\s+(?![A-Za-z])")
+# Spaces kept: one between two letters ("two lines") and one between two digits (`1 2` must not become 12).
+_INSIGNIFICANT_SPACE = re.compile(r"(?<![A-Za-z0-9]) | (?![A-Za-z0-9])|(?<=[A-Za-z]) (?=\d)|(?<=\d) (?=[A-Za-z])")
 _EMPTY_SET = re.compile(r"\\varnothing(?![A-Za-z])|\\\{\s*\\\}")
 _COMPARISON = re.compile(r"\s*((?:\\leq?|\\geq?|\\lt|\\gt)(?![A-Za-z])|<=|>=|<|>)\s*")
 _INCLUSIVE = {"\\le", "\\leq", "\\ge", "\\geq", "<=", ">="}
@@ -77,16 +92,6 @@ def _without_units(text: str) -> str:
     return text
 
 
-def _without_thousands_separators(text: str) -> str:
-    """`1,000,000` and `1 000` become `1000000` and `1000`; a list such as `1,2` is left alone."""
-    text = text.replace("{,}", ",")
-    for pattern, separator in ((_THOUSANDS_COMMAS, ","), (_THOUSANDS_SPACES, " ")):
-        match = pattern.match(text)
-        if match:
-            return match.group(1).replace(separator, "").replace(" ", "") + (match.group(2) or "")
-    return text
-
-
 def _interval_from_inequality(text: str) -> str:
     """`3 \\le x < 5` -> `[3,5)`, `x > 2` -> `(2,\\infty)`, `5 \\ge x` -> `(-\\infty,5]`: an answer given as the
     range of one variable becomes the interval a reference would write; anything else is unchanged."""
@@ -115,12 +120,11 @@ def latex_from_unicode(text: str) -> str:
 
 def normalize_answer(text: str) -> str:
     """Canonical form of an answer (SPEC 3), used for a fast exact comparison and as the sympy checker's input."""
-    text = _DOLLAR.sub("", latex_from_unicode(text)).strip()
-    text = _TEXT_CONJUNCTION.sub(",", text)
+    text = canonical_primes(_DOLLAR.sub("", latex_from_unicode(text))).strip()
+    text = _CONJUNCTION.sub(",", text)
     text = _DISPLAY_COMMANDS.sub("", text)
     text = _FRACTION_VARIANTS.sub(r"\\frac", text)
-    text = _THIN_SPACING.sub("", text)
-    text = _SPACING.sub(" ", text)
+    text = _SPACING.sub(" ", bare_group_commas(text))
     text = _DEGREES.sub("", text)
     text = _PERCENT.sub("", text)
     text = text.strip().rstrip(".").strip()
@@ -133,9 +137,19 @@ def normalize_answer(text: str) -> str:
     text = _interval_from_inequality(text)
     if text.count("=") == text.count(",") + 1:  # `x = 3`, `x = 2, x = 3`: each value assigned to one variable
         text = _VARIABLE_ASSIGNMENT.sub(r"\1", text).strip()
-    text = _without_thousands_separators(text)
-    text = _SPACE_NOT_BETWEEN_LETTERS.sub("", text)
+    text = joined_digit_groups(_WHITESPACE.sub(" ", text).strip())
+    text = _INSIGNIFICANT_SPACE.sub("", text)
     return _canonical_decimal(text)
+
+
+def has_styled_symbol(answer: str) -> bool:
+    """Whether an answer styles a symbol (`\\mathbf{v}`, `\\mathrm{e}`, `\\text{x}`) rather than a unit word.
+
+    math-verify 0.9 drops such a group as a unit and with it everything after it: `2\\mathbf{i}+3\\mathbf{j}` is 2
+    to it, and equal to `2\\mathbf{i}+4\\mathbf{j}`. So its yes is not trusted for these answers (SPEC 3); the normal
+    forms, where the styling is unwrapped (`2i+3j`), go to the sympy checker.
+    """
+    return _STYLED_SYMBOL.search(answer) is not None
 
 
 def is_text_answer(normal_answer: str) -> bool:

@@ -40,9 +40,12 @@ def _to_sympy(answer: str) -> sympy.Basic | None:
     Text without backslashes or braces is tried as plain sympy input first: the LaTeX parser would read `sqrt(2)`
     as the product s*q*r*t*2.
     """
-    if "\\" in answer or "{" in answer:
-        return _parse_latex(answer) or _parse_plain(answer)
-    return _parse_plain(answer) or _parse_latex(answer)
+    parsers = (_parse_latex, _parse_plain) if "\\" in answer or "{" in answer else (_parse_plain, _parse_latex)
+    for parse in parsers:
+        parsed = parse(answer)
+        if parsed is not None:  # not `or`: the truth value of a parsed relation (x = [-2, 7]) raises TypeError
+            return parsed
+    return None
 
 
 def _numbers_equal(answer: sympy.Expr, reference: sympy.Expr) -> bool:

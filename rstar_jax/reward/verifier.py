@@ -9,10 +9,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol, runtime_checkable
 
+from rstar_jax.reward.digit_groups import has_spaced_digits
 from rstar_jax.reward.exact_numbers import exact_numbers_equal
 from rstar_jax.reward.extraction import extract_final_answer
 from rstar_jax.reward.math_verify_check import math_verify_equal
-from rstar_jax.reward.normalization import is_text_answer, latex_from_unicode, normalize_answer
+from rstar_jax.reward.normalization import has_styled_symbol, is_text_answer, latex_from_unicode, normalize_answer
+from rstar_jax.reward.primes import has_prime
 from rstar_jax.reward.sympy_check import sympy_equal
 
 
@@ -34,9 +36,17 @@ class Verifier(Protocol):
 DEFAULT_MAX_ANSWER_CHARS = 1000
 
 
+def _misread_by_checkers(normal_answer: str) -> bool:
+    """Whether both checkers are known to misread a normalised answer, so their yes cannot be trusted: a prime
+    (dropped: `E'` would equal `E`) or digits separated by a space (`1 2` read as 3 or 2)."""
+    return has_prime(normal_answer) or has_spaced_digits(normal_answer)
+
+
 def answers_equivalent(answer: str, reference: str, max_answer_chars: int = DEFAULT_MAX_ANSWER_CHARS) -> bool:
     """Whether an extracted answer equals a reference (SPEC 3): equal normal forms, equal exact numbers, or else
-    math-verify or sympy accepts. Answers in words ("Evelyn") match only by normal form, ignoring case.
+    math-verify or sympy accepts. Answers in words ("Evelyn") match only by normal form, ignoring case; answers the
+    checkers misread (primes, digits separated by a space) match only by normal form; math-verify is not asked about
+    styled symbols (`has_styled_symbol`).
 
     Answers longer than `max_answer_chars` are rejected without parsing (references in shared/data are at most 159
     characters; a 100 KB blob is never a right answer and would only tie up a worker).
@@ -50,12 +60,15 @@ def answers_equivalent(answer: str, reference: str, max_answer_chars: int = DEFA
         return True
     if is_text_answer(normal_answer) or is_text_answer(normal_reference):
         return normal_answer.casefold() == normal_reference.casefold()
+    if _misread_by_checkers(normal_answer) or _misread_by_checkers(normal_reference):
+        return False  # their normal forms differ (compared above), and the checkers' yes would not be trustworthy
     exact = exact_numbers_equal(normal_answer, normal_reference)
     if exact is not None and (exact or "%" not in answer + reference):
         return exact  # a percent sign lost in normalisation may still make 100% equal 1: the checkers decide
-    return math_verify_equal(latex_from_unicode(answer), latex_from_unicode(reference)) or sympy_equal(
-        normal_answer, normal_reference
-    )
+    math_verify_trusted = not (has_styled_symbol(answer) or has_styled_symbol(reference))
+    return (
+        math_verify_trusted and math_verify_equal(latex_from_unicode(answer), latex_from_unicode(reference))
+    ) or sympy_equal(normal_answer, normal_reference)
 
 
 def verify(response: str, reference: str, max_answer_chars: int = DEFAULT_MAX_ANSWER_CHARS) -> bool:

@@ -113,7 +113,7 @@ def test_exact_numbers_equal(answer: str, reference: str, decision: bool | None)
         ("2**10", "1024", False, True),
         ("pi/4", "\\frac{\\pi}{4}", False, True),
         ("1e-3", "0.001", False, True),
-        ("\\log_2 8", "3", True, False),
+        ("\\log_2 8", "3", True, True),
         ("\\begin{pmatrix}1/2\\\\2\\end{pmatrix}", "\\begin{pmatrix}\\frac{1}{2}\\\\2\\end{pmatrix}", True, True),
         ("0.3333333", "\\frac13", True, False),  # math-verify rounds to 6 places; sympy wants near-exact decimals
         ("1000000.5", "1000000", False, False),
