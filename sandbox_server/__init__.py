@@ -6,7 +6,8 @@ GET /health, GET /metrics. Use it from asyncio code through `sandbox_server.clie
 the `ToolExecutor` protocol of `sandbox_server.api` and returns `ToolResult`s (never raises for tool failures).
 
 Layout: api (wire schema, ToolResult, ToolExecutor), config (gin), http_app (front end), pool (queue, slots),
-zygote (per-slot warm process and per-call supervision), confinement + linux (isolation), cgroups, outcome (status),
-snippet (IPython-like execution), framing (server<->zygote messages), client, launcher (start a server in its own
-PID namespace, for tests and benchmarks), preflight (isolation check at start).
+zygote (per-slot warm process and per-call supervision), confinement + linux (isolation), exposure (what of the
+host, such as a venv under /tmp, the isolated workers still see), cgroups, outcome (status), snippet (IPython-like
+execution), framing (server<->zygote messages), client, launcher (start a server in its own PID namespace, for tests
+and benchmarks), preflight (isolation and worker-interpreter checks at start).
 """

@@ -15,7 +15,7 @@ import sys
 from sandbox_server.config import SandboxConfig, load_config
 from sandbox_server.http_app import SandboxService, serve
 from sandbox_server.pool import ZygoteStartError
-from sandbox_server.preflight import isolation_problems
+from sandbox_server.preflight import isolation_problems, probe_workers
 
 log = logging.getLogger("sandbox_server")
 
@@ -42,7 +42,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Load the configuration, check isolation, serve until SIGINT/SIGTERM, then shut down gracefully."""
+    """Load the configuration, check isolation and the workers' interpreter, serve until SIGINT/SIGTERM, then shut
+    down gracefully."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     args = parse_args(sys.argv[1:] if argv is None else argv)
     overrides = {f.name: getattr(args, f.name) for f in dataclasses.fields(SandboxConfig)}
@@ -61,11 +62,29 @@ def main(argv: list[str] | None = None) -> int:
         return 3
     if problems:
         log.warning("running UNISOLATED: %s", "; ".join(problems))
+    checked = _checked_for_workers(config, isolate=not problems)
+    if checked is None:
+        return 3
     try:
-        return asyncio.run(_run(config, not problems, args.host, args.port))
+        return asyncio.run(_run(checked, not problems, args.host, args.port))
     except ZygoteStartError as exc:
         print(f"sandbox_server: a worker failed to start: {exc}", file=sys.stderr)
         return 4
+
+
+def _checked_for_workers(config: SandboxConfig, isolate: bool) -> SandboxConfig | None:
+    """Probe the workers' interpreter. None, after saying why on stderr, when the isolated workers could not read
+    something they need; else `config` less the preload modules that are not installed (a warning names them)."""
+    probe = probe_workers(config.preload_modules, isolate)
+    if probe.view_problems:
+        print("\n".join(f"sandbox_server: refusing to start: {line}" for line in probe.view_problems), file=sys.stderr)
+        return None
+    if probe.missing_modules:
+        log.warning(
+            "preload_modules not installed for %s, skipped: %s", sys.executable, ", ".join(probe.missing_modules)
+        )
+    kept = tuple(name for name in config.preload_modules if name not in probe.missing_modules)
+    return dataclasses.replace(config, preload_modules=kept)
 
 
 async def _run(config: SandboxConfig, isolate: bool, host: str, port: int) -> int:

@@ -13,12 +13,9 @@ import resource
 import shutil
 import stat
 
-from sandbox_server import linux
+from sandbox_server import exposure, linux
 
-WRITABLE_TEMP_DIRS = ("/tmp", "/dev/shm", "/var/tmp")
-_HIDDEN_DIRS = ("/run",)
 _NAMESPACES = linux.CLONE_NEWNS | linux.CLONE_NEWNET | linux.CLONE_NEWIPC | linux.CLONE_NEWUTS | linux.CLONE_NEWPID
-_STAGING = "/tmp/.sandbox-staging"
 _TMPFS_INODES = 16384  # bounds how many files a call can leave for the wipe
 
 
@@ -34,70 +31,67 @@ def join_cgroups(procs_files: list[str]) -> None:
             handle.write(str(os.getpid()))
 
 
-def _first_private_ancestor(path: str) -> str | None:
-    """The highest directory on `path` that other users cannot traverse, or None if all of it is reachable."""
-    parts = os.path.abspath(path).split("/")[1:]
-    current = ""
-    for part in parts:
-        current += "/" + part
-        if not os.stat(current).st_mode & stat.S_IXOTH:
-            return current
-    return None
+def _make_folders(path: str) -> None:
+    """Create `path` and its missing parents inside a fresh tmpfs: root-owned and mode 0755 whatever the umask, so
+    the slot uid can walk through them and never change them."""
+    missing = []
+    while not os.path.lexists(path):
+        missing.append(path)
+        path = os.path.dirname(path)
+    for folder in reversed(missing):
+        os.mkdir(folder)
+        os.chmod(folder, 0o755)
 
 
-def expose_to_unprivileged(paths: list[str]) -> None:
-    """Make `paths` (the interpreter's prefix) readable by the slot uid inside this mount namespace.
-
-    The machine's Python lives under /root (mode 0700). Rather than chmod the host, the zygote covers each private
-    ancestor with an empty world-traversable tmpfs and binds the needed tree back into it; the rest of the private
-    directory (root's secrets) disappears from the sandbox's view.
-    """
-    covered: dict[str, list[str]] = {}
-    for path in paths:
-        ancestor = _first_private_ancestor(path)
-        if ancestor is not None:
-            covered.setdefault(ancestor, []).append(os.path.abspath(path))
-    if not covered:
-        return
-    linux.mount("tmpfs", "/tmp", "tmpfs", linux.MS_NOSUID | linux.MS_NODEV, "mode=0700,size=1m")
-    for ancestor, inner_paths in covered.items():
-        staged = []
-        for index, inner in enumerate(inner_paths):
-            stage = f"{_STAGING}-{index}"
-            os.makedirs(stage, exist_ok=True)
-            linux.mount(inner, stage, None, linux.MS_BIND | linux.MS_REC)
-            staged.append((stage, inner))
-        linux.mount("tmpfs", ancestor, "tmpfs", linux.MS_NOSUID | linux.MS_NODEV, "mode=0755,size=1m")
-        for stage, inner in staged:
-            os.makedirs(inner, mode=0o755, exist_ok=True)
-            linux.mount(stage, inner, None, linux.MS_BIND | linux.MS_REC)
-            linux.umount(stage)
-    linux.umount("/tmp")
+def _graft_into(folder: str, plan: exposure.ViewPlan, trees: dict[str, int]) -> None:
+    """Inside the just-mounted tmpfs at `folder`, recreate the plan's symlinks and attach its trees read-only."""
+    for link, target in plan.links_under(folder):
+        _make_folders(os.path.dirname(link))
+        os.symlink(target, link)
+    for path in plan.grafts_under(folder):
+        _make_folders(os.path.dirname(path))
+        tree = trees.pop(path)
+        if stat.S_ISDIR(os.fstat(tree).st_mode):
+            os.mkdir(path)
+        else:
+            open(path, "x").close()
+        linux.attach_tree(tree, path)
+        os.close(tree)
+        linux.make_tree_readonly(path)
 
 
-def build_file_system_view(expose: list[str], tmpfs_size_mb: int) -> None:
-    """Private mounts: the whole tree read-only, fresh /proc, private writable temp dirs, empty /run.
+def _replace_with_tmpfs(folder: str, options: str, plan: exposure.ViewPlan, trees: dict[str, int]) -> None:
+    """Mount a fresh tmpfs on `folder`, then put back what the plan needs from beneath it."""
+    linux.mount("tmpfs", folder, "tmpfs", linux.MS_NOSUID | linux.MS_NODEV, options)
+    _graft_into(folder, plan, trees)
+
+
+def build_file_system_view(plan: exposure.ViewPlan, tmpfs_size_mb: int) -> None:
+    """Private mounts: the whole tree read-only, fresh /proc, private writable temp dirs, empty /run, and root-only
+    folders replaced by empty ones; into those fresh folders goes back, read-only, only what `plan` names (the
+    interpreter and its packages, wherever they live).
 
     Must run in PID 1 of the new PID namespace (for /proc) after `enter_namespaces`.
     """
     linux.mount(None, "/", None, linux.MS_REC | linux.MS_PRIVATE)
-    expose_to_unprivileged(expose)
+    trees = {path: linux.clone_tree(path) for path in plan.grafts}  # before any tmpfs hides them
+    for folder in plan.private_covers:
+        _replace_with_tmpfs(folder, "mode=0755,size=1m", plan, trees)
     linux.make_tree_readonly("/")
     linux.mount("proc", "/proc", "proc", linux.MS_NOSUID | linux.MS_NODEV | linux.MS_NOEXEC)
-    for directory in WRITABLE_TEMP_DIRS:
-        if os.path.isdir(directory):
-            linux.mount(
-                "tmpfs", directory, "tmpfs", linux.MS_NOSUID | linux.MS_NODEV,
-                f"mode=1777,size={tmpfs_size_mb}m,nr_inodes={_TMPFS_INODES}",
-            )
-    for directory in _HIDDEN_DIRS:
-        if os.path.isdir(directory) and not os.path.islink(directory):
-            linux.mount("tmpfs", directory, "tmpfs", linux.MS_RDONLY | linux.MS_NOSUID | linux.MS_NODEV, "size=4k")
+    for folder in exposure.WRITABLE_TEMP_DIRS:
+        if os.path.isdir(folder):
+            options = f"mode=1777,size={tmpfs_size_mb}m,nr_inodes={_TMPFS_INODES}"
+            _replace_with_tmpfs(folder, options, plan, trees)
+    for folder in exposure.HIDDEN_DIRS:
+        if os.path.isdir(folder) and not os.path.islink(folder):
+            _replace_with_tmpfs(folder, "mode=0755,size=1m", plan, trees)
+            linux.make_tree_readonly(folder)
 
 
-def isolate_zygote(expose: list[str], tmpfs_size_mb: int) -> None:
+def isolate_zygote(plan: exposure.ViewPlan, tmpfs_size_mb: int) -> None:
     """Everything PID 1 of a fresh slot does once: file-system view, host name, loopback."""
-    build_file_system_view(expose, tmpfs_size_mb)
+    build_file_system_view(plan, tmpfs_size_mb)
     linux.sethostname("sandbox")
     linux.bring_loopback_up()
 
@@ -159,10 +153,13 @@ def prefer_for_oom_kill() -> None:
         handle.write("1000")
 
 
-def wipe_directory(path: str) -> None:
-    """Delete everything inside `path` without following symlinks (the temp dirs after each call)."""
+def wipe_directory(path: str, keep: frozenset[str] = frozenset()) -> None:
+    """Delete everything inside `path` but the entries named in `keep` (the read-only interpreter trees grafted into
+    a temp dir), without following symlinks (the temp dirs after each call)."""
     with os.scandir(path) as entries:
         for entry in entries:
+            if entry.name in keep:
+                continue
             if entry.is_dir(follow_symlinks=False):
                 shutil.rmtree(entry.path, ignore_errors=True)
             else:

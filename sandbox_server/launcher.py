@@ -78,8 +78,9 @@ def start_server(
     log_path: str | None = None,
     start_timeout_s: float = 120.0,
     extra_env: dict[str, str] | None = None,
+    interpreter: str = sys.executable,
 ) -> ServerProcess:
-    """Start `python -m sandbox_server` with `args` in a fresh PID namespace; return once /health says ok."""
+    """Start `interpreter -m sandbox_server` with `args` in a fresh PID namespace; return once /health says ok."""
     unshare = shutil.which("unshare")
     if unshare is None:
         raise RuntimeError("the util-linux 'unshare' binary is required to start the server in a PID namespace")
@@ -87,7 +88,7 @@ def start_server(
     log_path = log_path or f"/tmp/sandbox-server-{port}.log"
     command = [
         unshare, "--pid", "--fork", "--kill-child", "--mount-proc",
-        sys.executable, "-m", "sandbox_server", "--host", "127.0.0.1", "--port", str(port), *args,
+        interpreter, "-m", "sandbox_server", "--host", "127.0.0.1", "--port", str(port), *args,
     ]  # fmt: skip
     with open(log_path, "wb") as log:
         process = subprocess.Popen(

@@ -31,9 +31,14 @@ MS_REC = 0x4000
 MS_PRIVATE = 0x40000
 
 _MNT_DETACH = 0x2
-_SYS_MOUNT_SETATTR = 442  # x86_64 and aarch64 share the number (added in Linux 5.12)
+# x86_64 and aarch64 share the numbers of syscalls added since Linux 5.1
+_SYS_OPEN_TREE = 428
+_SYS_MOVE_MOUNT = 429
+_SYS_MOUNT_SETATTR = 442  # Linux 5.12
 _AT_FDCWD = -100
 _AT_RECURSIVE = 0x8000
+_OPEN_TREE_CLONE = 0x1
+_MOVE_MOUNT_F_EMPTY_PATH = 0x4
 _MOUNT_ATTR_RDONLY = 0x1
 _MOUNT_ATTR_NOSUID = 0x2
 
@@ -69,6 +74,30 @@ def mount(source: str | None, target: str, fstype: str | None, flags: int = 0, d
 def umount(target: str) -> None:
     """Lazily detach a mount (umount2 with MNT_DETACH)."""
     _check(_libc.umount2(target.encode(), ctypes.c_int(_MNT_DETACH)), f"umount {target}")
+
+
+def clone_tree(path: str) -> int:
+    """A detached recursive bind of `path` as an fd (open_tree(2) with OPEN_TREE_CLONE).
+
+    Taken before a fresh tmpfs covers `path`'s folder, it is how a tree hidden by that tmpfs gets attached again
+    inside it (no staging folder needed).
+    """
+    flags = _OPEN_TREE_CLONE | os.O_CLOEXEC | _AT_RECURSIVE
+    result = _libc.syscall(ctypes.c_long(_SYS_OPEN_TREE), ctypes.c_int(_AT_FDCWD), path.encode(), ctypes.c_uint(flags))
+    return _check(result, f"open_tree {path}")
+
+
+def attach_tree(tree_fd: int, target: str) -> None:
+    """Mount a tree from `clone_tree` on `target` (move_mount(2))."""
+    result = _libc.syscall(
+        ctypes.c_long(_SYS_MOVE_MOUNT),
+        ctypes.c_int(tree_fd),
+        b"",
+        ctypes.c_int(_AT_FDCWD),
+        target.encode(),
+        ctypes.c_uint(_MOVE_MOUNT_F_EMPTY_PATH),
+    )
+    _check(result, f"move_mount {target}")
 
 
 class _MountAttr(ctypes.Structure):

@@ -20,7 +20,8 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from sandbox_server import framing
 from sandbox_server.api import RunRequest, Status, ToolResult
@@ -44,6 +45,19 @@ def zygote_environment() -> dict[str, str]:
     env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": "/tmp", "LANG": "C.UTF-8", "PYTHONDONTWRITEBYTECODE": "1"}
     env.update({name: "1" for name in _THREAD_VARS})
     return env
+
+
+def start_like_a_zygote(module: str, args: Sequence[str], **popen: Any) -> subprocess.Popen[bytes]:
+    """Start `python -m module args` the way every zygote starts: this interpreter, the package's parent folder,
+    `zygote_environment`, no user site-packages (HOME=/tmp there, which anyone can write), so its sys.path is the
+    zygote's (what the preflight probe must see)."""
+    return subprocess.Popen(
+        [sys.executable, "-s", "-m", module, *args],
+        env=zygote_environment(),
+        cwd=_PACKAGE_PARENT,
+        stdin=subprocess.DEVNULL,
+        **popen,
+    )
 
 
 class QueueFull(Exception):
@@ -94,12 +108,8 @@ class Slot:
             output_cap_bytes=self.config.output_cap_bytes,
             workdir=self.workdir,
         )
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "sandbox_server.zygote", json.dumps(dataclasses.asdict(settings))],
-            pass_fds=[child_end.fileno()],
-            env=zygote_environment(),
-            cwd=_PACKAGE_PARENT,
-            stdin=subprocess.DEVNULL,
+        self.process = start_like_a_zygote(
+            "sandbox_server.zygote", [json.dumps(dataclasses.asdict(settings))], pass_fds=[child_end.fileno()]
         )
         child_end.close()
         self.reader, self.writer = await asyncio.open_unix_connection(sock=parent_end)

@@ -26,7 +26,7 @@ import time
 import traceback
 from typing import Any, NoReturn
 
-from sandbox_server import confinement, framing, linux, outcome, snippet
+from sandbox_server import confinement, exposure, framing, linux, outcome, snippet
 
 _CHUNK = 65536
 
@@ -214,8 +214,19 @@ def _watch(pid: int, captures: list[_Capture], deadline: float) -> tuple[bool, b
         os.close(pidfd)
 
 
-def supervise_call(request: dict[str, Any], settings: ZygoteSettings) -> dict[str, Any]:
-    """Run one call in a confined child and return the `/run` response body."""
+def _wipe_temp_dirs(settings: ZygoteSettings, view: exposure.ViewPlan | None) -> None:
+    """Empty what the call could write to: the private temp dirs (but the interpreter trees grafted into them), or
+    the unisolated slot's own folder."""
+    if view is None:
+        confinement.wipe_directory(settings.workdir)
+        return
+    for directory in exposure.WRITABLE_TEMP_DIRS:
+        if os.path.isdir(directory):
+            confinement.wipe_directory(directory, view.kept_names(directory))
+
+
+def supervise_call(request: dict[str, Any], settings: ZygoteSettings, view: exposure.ViewPlan | None) -> dict[str, Any]:
+    """Run one call in a confined child and return the `/run` response body; `view` is the isolated zygote's."""
     timeout_s = float(request["timeout_s"])
     limits = confinement.CallLimits(
         memory_mb=int(request["memory_mb"]),
@@ -248,9 +259,7 @@ def supervise_call(request: dict[str, Any], settings: ZygoteSettings) -> dict[st
     finally:
         for capture in captures:
             os.close(capture.fd)
-    for directory in confinement.WRITABLE_TEMP_DIRS if settings.isolate else (settings.workdir,):
-        if os.path.isdir(directory):
-            confinement.wipe_directory(directory)
+    _wipe_temp_dirs(settings, view)
     observation = outcome.Observation(
         wait_status=wait_status,
         wall_timed_out=timed_out,
@@ -272,16 +281,20 @@ def supervise_call(request: dict[str, Any], settings: ZygoteSettings) -> dict[st
     }
 
 
-def _serve(channel: socket.socket, settings: ZygoteSettings) -> NoReturn:
+def _serve(channel: socket.socket, settings: ZygoteSettings, view: exposure.ViewPlan | None) -> NoReturn:
     while (request := framing.recv_message(channel)) is not None:
-        framing.send_message(channel, supervise_call(request, settings))
+        framing.send_message(channel, supervise_call(request, settings, view))
     os._exit(0)
 
 
-def _prepare(settings: ZygoteSettings) -> None:
-    """Isolate (PID 1 only), preload and warm the math stack, then freeze the heap for copy-on-write forks."""
+def _prepare(settings: ZygoteSettings) -> exposure.ViewPlan | None:
+    """Isolate (PID 1 only), preload and warm the math stack, then freeze the heap for copy-on-write forks.
+
+    Returns the file-system view's plan when isolated (the wipe after each call must keep its grafts)."""
+    view = None
     if settings.isolate:
-        confinement.isolate_zygote([sys.base_prefix, sys.prefix], settings.tmpfs_size_mb)
+        view = exposure.plan_view(exposure.needed_paths())
+        confinement.isolate_zygote(view, settings.tmpfs_size_mb)
     os.makedirs(settings.workdir, exist_ok=True)
     os.chdir(settings.workdir)
     for name in settings.preload_modules:
@@ -294,6 +307,7 @@ def _prepare(settings: ZygoteSettings) -> None:
         pass
     gc.collect()
     gc.freeze()
+    return view
 
 
 def _launch_and_wait(settings: ZygoteSettings, channel: socket.socket) -> NoReturn:
@@ -311,12 +325,12 @@ def _launch_and_wait(settings: ZygoteSettings, channel: socket.socket) -> NoRetu
 
 def _start_serving(settings: ZygoteSettings, channel: socket.socket) -> NoReturn:
     try:
-        _prepare(settings)
+        view = _prepare(settings)
     except BaseException as exc:  # noqa: BLE001 - report any start-up failure to the server, then die
         framing.send_message(channel, {"fatal": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc()})
         os._exit(1)
     framing.send_message(channel, {"ready": True, "pid": os.getpid()})
-    _serve(channel, settings)
+    _serve(channel, settings, view)
 
 
 def main(argv: list[str]) -> NoReturn:

@@ -12,7 +12,7 @@ import tempfile
 import time
 
 import pytest
-from sandbox_http import SERVER_SECRET, SERVER_UIDS, run
+from sandbox_http import SERVER_SECRET, SERVER_UIDS, fresh_tmp_listing, run
 
 pytestmark = pytest.mark.slow
 
@@ -170,8 +170,8 @@ def test_ipc_objects_and_many_files_do_not_outlive_the_call(sandbox):
     )
     assert run(sandbox, make)["stdout"] == "True\nTrue True\n"
     for _ in range(4):
-        check = "import os\nprint(open('/proc/sysvipc/shm').read().count('\\n'), os.listdir('/tmp'))"
-        assert run(sandbox, check)["stdout"] == "1 []\n"  # only the header line
+        check = "import os\nprint(open('/proc/sysvipc/shm').read().count('\\n'), sorted(os.listdir('/tmp')))"
+        assert run(sandbox, check)["stdout"] == f"1 {fresh_tmp_listing()}\n"  # only the header line
     _assert_server_still_fine(sandbox)
 
 

@@ -6,7 +6,7 @@ import statistics
 import urllib.request
 
 import pytest
-from sandbox_http import SERVER_UIDS, post, run
+from sandbox_http import SERVER_UIDS, fresh_tmp_listing, post, run
 
 pytestmark = pytest.mark.slow
 
@@ -114,10 +114,11 @@ def test_isolation_identity_network_and_environment(sandbox):
 
 def test_temp_dirs_are_private_writable_and_wiped(sandbox):
     writer = "for d in ('/tmp', '/dev/shm', '/var/tmp'):\n    open(d + '/left', 'w').write('x')\nprint('wrote')"
-    reader = "import os\nprint([os.listdir(d) for d in ('/tmp', '/dev/shm', '/var/tmp')])"
+    reader = "import os\nprint([sorted(os.listdir(d)) for d in ('/tmp', '/dev/shm', '/var/tmp')])"
+    expected = f"[{fresh_tmp_listing()}, [], []]\n"
     for _ in range(6):  # enough calls to land on every worker
         assert run(sandbox, writer)["stdout"] == "wrote\n"
-        assert run(sandbox, reader)["stdout"] == "[[], [], []]\n"
+        assert run(sandbox, reader)["stdout"] == expected
 
 
 def test_random_state_differs_between_calls(sandbox):
