@@ -67,7 +67,8 @@ def probe_workers(preload_modules: Sequence[str], isolate: bool) -> WorkerProbe:
     except subprocess.TimeoutExpired:
         probe.kill()
         probe.wait()
-        return WorkerProbe([f"the workers' interpreter {sys.executable} did not answer within {_PROBE_TIMEOUT_S} s"], [])
+        reason = f"the workers' interpreter {sys.executable} did not answer within {_PROBE_TIMEOUT_S} s"
+        return WorkerProbe([reason], [])
     if probe.returncode != 0:
         reason = (err.decode(errors="replace").strip().splitlines() or [f"exit status {probe.returncode}"])[-1]
         return WorkerProbe([f"the workers' interpreter {sys.executable} failed to start: {reason}"], [])
