@@ -114,7 +114,7 @@ def _interval_from_inequality(text: str) -> str:
 
 
 def latex_from_unicode(text: str) -> str:
-    """Unicode math signs a model may write (−, π, √, ∞, ×) as the LaTeX both checkers read."""
+    """Unicode math signs a model may write (−, π, √, ∞, ×, ′) as the LaTeX both checkers read (SPEC 3)."""
     return text.translate(_UNICODE_MATH)
 
 

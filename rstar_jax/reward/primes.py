@@ -1,9 +1,9 @@
 """Prime marks (SPEC 3: normalised answers, then checked): `E'` is not `E`, `f'(x)` is not `f(x)`.
 
 A prime is part of a symbol's name: a reflected point, a derivative, feet or arcminutes. Both checkers lose it:
-latex2sympy2_extended (1.11), which math-verify 0.9 parses with, reads `E'` as `E`, `f''(x)` as `f(x)` and `2'` as
-2, so each would call `B'C'` equal to `BC`. Primes are therefore written one way here, and an answer that has any is
-matched by its normal form alone (see `verifier.answers_equivalent`).
+latex2sympy2_extended 1.11, the parser of math-verify 0.9 and of the sympy checker, parses `E'` as it parses `E`,
+`f''(x)` as `f(x)` and `2'` as 2, so both would call `B'C'` equal to `BC`. Primes are therefore written one way here,
+and an answer that has any is matched by its normal form alone (see `verifier.answers_equivalent`).
 """
 
 from __future__ import annotations
