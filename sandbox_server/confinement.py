@@ -79,14 +79,11 @@ def build_file_system_view(plan: exposure.ViewPlan, tmpfs_size_mb: int) -> None:
         _replace_with_tmpfs(folder, "mode=0755,size=1m", plan, trees)
     linux.make_tree_readonly("/")
     linux.mount("proc", "/proc", "proc", linux.MS_NOSUID | linux.MS_NODEV | linux.MS_NOEXEC)
-    for folder in exposure.WRITABLE_TEMP_DIRS:
-        if os.path.isdir(folder):
-            options = f"mode=1777,size={tmpfs_size_mb}m,nr_inodes={_TMPFS_INODES}"
-            _replace_with_tmpfs(folder, options, plan, trees)
-    for folder in exposure.HIDDEN_DIRS:
-        if os.path.isdir(folder) and not os.path.islink(folder):
-            _replace_with_tmpfs(folder, "mode=0755,size=1m", plan, trees)
-            linux.make_tree_readonly(folder)
+    for folder in exposure.temp_folders():
+        _replace_with_tmpfs(folder, f"mode=1777,size={tmpfs_size_mb}m,nr_inodes={_TMPFS_INODES}", plan, trees)
+    for folder in exposure.hidden_folders():
+        _replace_with_tmpfs(folder, "mode=0755,size=1m", plan, trees)
+        linux.make_tree_readonly(folder)
 
 
 def isolate_zygote(plan: exposure.ViewPlan, tmpfs_size_mb: int) -> None:

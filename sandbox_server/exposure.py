@@ -1,12 +1,12 @@
 """What of the host the workers must still see in their private file-system view, and whether they can.
 
-Issue 13, item 1. Each zygote replaces /tmp, /dev/shm, /var/tmp and /run with fresh tmpfs mounts, and covers every
-folder other users cannot enter (the machine's Python under /root) with an empty one. The interpreter and its
-packages may live in any of those places (a venv in a checkout under /tmp, a conda under /root) and be reached
-through symlinks (a venv's bin/python, a venv folder that is itself a link). `plan_view` works out, from the paths a
-worker needs, which symlinks to recreate and which real trees to bind back, read-only, into those fresh mounts: the
-workers see exactly that and nothing else of the replaced folders. `view_problems` says, one line per path, what the
-unprivileged slot uid still could not read and what to do about it.
+Issue 13, item 1. Each zygote replaces /tmp, /dev/shm, /var/tmp and /run with fresh tmpfs mounts, and covers each
+folder other users cannot enter on the way to what it needs (/root, where the machine's Python lives) with an empty
+one. The interpreter and its packages may live in any of those places (a venv in a checkout under /tmp, a conda under
+/root) and be reached through symlinks (a venv's bin/python, a venv folder that is itself a link). `plan_view` works
+out, from the paths a worker needs, which symlinks to recreate and which real trees to bind back, read-only, into
+those fresh mounts: the workers see exactly that and nothing else of the replaced folders. `view_problems` says, one
+line per blocking folder, what the unprivileged slot uid still could not read and what to do about it.
 
 `python -m sandbox_server.exposure REQUEST_JSON` is the server's preflight probe: started exactly like a zygote (so
 its sys.path is the zygote's), it prints those problems and the preload modules this interpreter lacks.
@@ -22,8 +22,8 @@ import stat
 import sys
 from collections.abc import Sequence
 
-WRITABLE_TEMP_DIRS = ("/tmp", "/dev/shm", "/var/tmp")
-HIDDEN_DIRS = ("/run",)
+_WRITABLE_TEMP_DIRS = ("/tmp", "/dev/shm", "/var/tmp")
+_HIDDEN_DIRS = ("/run",)
 _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
 _MAX_SYMLINKS = 40  # the kernel's limit while resolving one path
 
@@ -118,9 +118,19 @@ def _first_private_ancestor(path: str) -> str | None:
     return None
 
 
+def temp_folders() -> list[str]:
+    """The temp folders here that every zygote replaces with a fresh writable tmpfs (wiped after each call)."""
+    return [folder for folder in _WRITABLE_TEMP_DIRS if os.path.isdir(folder)]
+
+
+def hidden_folders() -> list[str]:
+    """The folders here that every zygote replaces with a fresh read-only tmpfs (a symlink is left as it is)."""
+    return [folder for folder in _HIDDEN_DIRS if os.path.isdir(folder) and not os.path.islink(folder)]
+
+
 def _fixed_folders() -> list[str]:
     """The folders every zygote replaces with a fresh tmpfs, whatever the interpreter needs."""
-    return [folder for folder in (*WRITABLE_TEMP_DIRS, *HIDDEN_DIRS) if os.path.isdir(folder)]
+    return [*temp_folders(), *hidden_folders()]
 
 
 def _reached(resolution: Resolution) -> list[tuple[str, bool]]:

@@ -21,16 +21,12 @@ CLONE_NEWIPC = 0x08000000
 CLONE_NEWPID = 0x20000000
 CLONE_NEWNET = 0x40000000
 
-MS_RDONLY = 0x1
 MS_NOSUID = 0x2
 MS_NODEV = 0x4
 MS_NOEXEC = 0x8
-MS_REMOUNT = 0x20
-MS_BIND = 0x1000
 MS_REC = 0x4000
 MS_PRIVATE = 0x40000
 
-_MNT_DETACH = 0x2
 # x86_64 and aarch64 share the numbers of syscalls added since Linux 5.1
 _SYS_OPEN_TREE = 428
 _SYS_MOVE_MOUNT = 429
@@ -69,11 +65,6 @@ def mount(source: str | None, target: str, fstype: str | None, flags: int = 0, d
         _libc.mount(enc(source), enc(target), enc(fstype), ctypes.c_ulong(flags), enc(data)),
         f"mount {target}",
     )
-
-
-def umount(target: str) -> None:
-    """Lazily detach a mount (umount2 with MNT_DETACH)."""
-    _check(_libc.umount2(target.encode(), ctypes.c_int(_MNT_DETACH)), f"umount {target}")
 
 
 def clone_tree(path: str) -> int:

@@ -220,9 +220,8 @@ def _wipe_temp_dirs(settings: ZygoteSettings, view: exposure.ViewPlan | None) ->
     if view is None:
         confinement.wipe_directory(settings.workdir)
         return
-    for directory in exposure.WRITABLE_TEMP_DIRS:
-        if os.path.isdir(directory):
-            confinement.wipe_directory(directory, view.kept_names(directory))
+    for directory in exposure.temp_folders():
+        confinement.wipe_directory(directory, view.kept_names(directory))
 
 
 def supervise_call(request: dict[str, Any], settings: ZygoteSettings, view: exposure.ViewPlan | None) -> dict[str, Any]:
