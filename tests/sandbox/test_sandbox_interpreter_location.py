@@ -10,6 +10,7 @@ the math stack from that venv, run its interpreter, and still see nothing else o
 
 from __future__ import annotations
 
+import ast
 import os
 import shutil
 import subprocess
@@ -72,10 +73,15 @@ def tmp_folder() -> Iterator[str]:
 
 @pytest.fixture(scope="module")
 def venv_python(tmp_folder: str) -> str:
+    """The interpreter of a venv of this interpreter's base, under /tmp."""
     return _make_venv(sys.executable, os.path.join(tmp_folder, "venv"))
 
 
-def _linked_folder_python(tmp_folder: str, venv_python: str) -> str:
+def _plain_venv(tmp_folder: str, venv_python: str) -> str:
+    return venv_python
+
+
+def _symlinked_venv_folder(tmp_folder: str, venv_python: str) -> str:
     """The same venv reached through a folder symlink in another folder under /tmp (an absolute link)."""
     links = os.path.join(tmp_folder, "links")
     os.makedirs(links, exist_ok=True)
@@ -85,7 +91,8 @@ def _linked_folder_python(tmp_folder: str, venv_python: str) -> str:
     return os.path.join(link, "bin", "python")
 
 
-def _system_venv_python(tmp_folder: str) -> str:
+def _system_python_venv(tmp_folder: str, venv_python: str) -> str:
+    """A venv of the system's Python (base prefix /usr), under /tmp."""
     if not os.path.exists(_SYSTEM_PYTHON):
         pytest.skip(f"no system Python {_SYSTEM_PYTHON} on this machine")
     venv = os.path.join(tmp_folder, "system-venv")
@@ -116,16 +123,14 @@ def _probe(prefix: str, tmp_folder: str) -> str:
 
 
 @pytest.mark.parametrize(
-    ("where", "seen_in_tmp_folder"),
-    [("venv", ["venv"]), ("symlinked venv folder", ["links", "venv"]), ("venv of the system Python", ["system-venv"])],
+    ("make_interpreter", "seen_in_tmp_folder"),
+    [(_plain_venv, ["venv"]), (_symlinked_venv_folder, ["links", "venv"]), (_system_python_venv, ["system-venv"])],
     ids=["venv", "symlinked-venv-folder", "system-python-venv"],
 )
-def test_venv_under_tmp_serves_the_math_stack_and_hides_host_tmp(tmp_folder, venv_python, where, seen_in_tmp_folder):
-    interpreter = {
-        "venv": lambda: venv_python,
-        "symlinked venv folder": lambda: _linked_folder_python(tmp_folder, venv_python),
-        "venv of the system Python": lambda: _system_venv_python(tmp_folder),
-    }[where]()
+def test_venv_under_tmp_serves_the_math_stack_and_hides_host_tmp(
+    tmp_folder, venv_python, make_interpreter, seen_in_tmp_folder
+):
+    interpreter = make_interpreter(tmp_folder, venv_python)
     prefix = os.path.dirname(os.path.dirname(interpreter))
     stray = tempfile.NamedTemporaryFile(dir="/tmp", prefix="rstar-host-tmp-")  # a host file directly in /tmp
     with stray, running_server(_SERVER_ARGS, interpreter=interpreter) as server:
@@ -135,7 +140,7 @@ def test_venv_under_tmp_serves_the_math_stack_and_hides_host_tmp(tmp_folder, ven
             lines = body["stdout"].splitlines()
             expected = ["True True", "{274177: 1, 67280421310721: 1} 1.0", "6", f"False {seen_in_tmp_folder}"]
             assert lines[:4] == expected, body
-            tmp_listing = eval(lines[4])
+            tmp_listing = ast.literal_eval(lines[4])
             assert os.path.basename(tmp_folder) in tmp_listing and "left-by-a-call" not in tmp_listing, lines
             assert os.path.basename(stray.name) not in tmp_listing
             assert lines[5:] == ["Read-only file system"], body
