@@ -20,6 +20,7 @@ from rstar_jax.model.lm import (
     logits_from_hidden,
     positions_from_mask,
     token_logprobs,
+    token_logprobs_and_entropy,
 )
 
 __all__ = [
@@ -41,4 +42,5 @@ __all__ = [
     "save_hf",
     "tensor_specs",
     "token_logprobs",
+    "token_logprobs_and_entropy",
 ]

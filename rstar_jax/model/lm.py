@@ -81,16 +81,31 @@ def token_logprobs(params: Params, config: ModelConfig, input_ids: jax.Array, po
     The vocabulary projection runs over `chunk_size` positions at a time and is rematerialised in the backward
     pass, so at most [B, chunk_size, V] logits exist at once instead of [B, T, V].
     """
+    _check_targets(input_ids, targets, chunk_size)
+    return _token_logprobs(params, config, input_ids, positions, attention_mask, targets, chunk_size, False)[0]
+
+
+@gin.configurable
+def token_logprobs_and_entropy(params: Params, config: ModelConfig, input_ids: jax.Array, positions: jax.Array,
+                               attention_mask: jax.Array, targets: jax.Array,
+                               chunk_size: int = 512) -> tuple[jax.Array, jax.Array]:
+    """`token_logprobs` and the entropy [B, T] of each position's next-token distribution (float32), for the
+    optional entropy term of the policy loss; computed from the same chunked logits."""
+    _check_targets(input_ids, targets, chunk_size)
+    return _token_logprobs(params, config, input_ids, positions, attention_mask, targets, chunk_size, True)
+
+
+def _check_targets(input_ids: jax.Array, targets: jax.Array, chunk_size: int) -> None:
     if targets.shape != input_ids.shape:
         raise ValueError(f"targets shape {targets.shape} differs from input_ids shape {input_ids.shape}")
     if chunk_size <= 0:
         raise ValueError(f"chunk_size must be positive, got {chunk_size}")
-    return _token_logprobs(params, config, input_ids, positions, attention_mask, targets, chunk_size)
 
 
-@functools.partial(jax.jit, static_argnums=(1, 6))
+@functools.partial(jax.jit, static_argnums=(1, 6, 7))
 def _token_logprobs(params: Params, config: ModelConfig, input_ids: jax.Array, positions: jax.Array,
-                    attention_mask: jax.Array, targets: jax.Array, chunk_size: int) -> jax.Array:
+                    attention_mask: jax.Array, targets: jax.Array, chunk_size: int,
+                    with_entropy: bool) -> tuple[jax.Array, jax.Array | None]:
     hidden = hidden_states(params, config, input_ids, positions, attention_mask)
     batch, length, embed = hidden.shape
     chunk = min(chunk_size, length)
@@ -102,14 +117,22 @@ def _token_logprobs(params: Params, config: ModelConfig, input_ids: jax.Array, p
     target_chunks = padded_targets.reshape(batch, num_chunks, chunk).swapaxes(0, 1)
 
     @jax.checkpoint
-    def chunk_logprobs(pair: tuple[jax.Array, jax.Array]) -> jax.Array:
+    def chunk_logprobs(pair: tuple[jax.Array, jax.Array]) -> tuple[jax.Array, jax.Array]:
         hidden_chunk, target_chunk = pair
         logits = logits_from_hidden(params, config, hidden_chunk)
-        picked = jnp.take_along_axis(logits, target_chunk[..., None], axis=-1)[..., 0]
-        return picked - jax.nn.logsumexp(logits, axis=-1)
+        normaliser = jax.nn.logsumexp(logits, axis=-1)
+        picked = jnp.take_along_axis(logits, target_chunk[..., None], axis=-1)[..., 0] - normaliser
+        if not with_entropy:
+            return picked, jnp.zeros_like(picked)
+        probs = jax.nn.softmax(logits, axis=-1)
+        return picked, normaliser - jnp.sum(probs * logits, axis=-1)
 
-    logprobs = jax.lax.map(chunk_logprobs, (hidden_chunks, target_chunks))
-    return logprobs.swapaxes(0, 1).reshape(batch, num_chunks * chunk)[:, :length]
+    logprobs, entropy = jax.lax.map(chunk_logprobs, (hidden_chunks, target_chunks))
+
+    def unchunk(values: jax.Array) -> jax.Array:
+        return values.swapaxes(0, 1).reshape(batch, num_chunks * chunk)[:, :length]
+
+    return unchunk(logprobs), (unchunk(entropy) if with_entropy else None)
 
 
 def _check_batch(input_ids: jax.Array, positions: jax.Array, attention_mask: jax.Array) -> None:

@@ -3,7 +3,8 @@ rollout selectors (RoC, penalty rewards, plain GRPO) and the learner's losses. I
 """
 
 from rstar_jax.rl.advantages import group_advantages, has_signal
-from rstar_jax.rl.losses import LOSSES, get_loss, loss_weights, masked_nll, policy_loss, register_loss
+from rstar_jax.rl.losses import (LOSSES, PolicyLossOptions, get_loss, loss_weights, masked_nll, policy_loss,
+                                 register_loss)
 from rstar_jax.rl.penalties import format_penalty, roc_penalty, tool_error_penalty
 from rstar_jax.rl.selection import (
     SELECTORS,
@@ -24,6 +25,7 @@ __all__ = [
     "GroupOutcome",
     "PenaltySelector",
     "PlainGrpoSelector",
+    "PolicyLossOptions",
     "RocSelector",
     "Selection",
     "Selector",

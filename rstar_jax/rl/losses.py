@@ -10,6 +10,7 @@ whole batch's token or sequence count, so the micro-batches' losses add up to th
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Callable
 
 import gin
@@ -112,8 +113,6 @@ def kl_penalty(logprobs: jax.Array, ref_logprobs: jax.Array, estimator: str = "k
 
 
 @register_loss("grpo")
-@gin.configurable(denylist=["logprobs", "old_logprobs", "advantages", "loss_mask", "ref_logprobs", "entropy",
-                            "total_tokens", "total_sequences"])
 def policy_loss(logprobs: jax.Array, old_logprobs: jax.Array, advantages: jax.Array, loss_mask: jax.Array, *,
                 eps_low: float = 0.2, eps_high: float = 0.28, dual_clip: float | None = None,
                 normalization: str = "token_mean", kl_coef: float = 0.0, kl_estimator: str = "k3",
@@ -158,3 +157,38 @@ def policy_loss(logprobs: jax.Array, old_logprobs: jax.Array, advantages: jax.Ar
     if not with_metrics:
         return loss
     return loss, {name: jnp.sum(jax.lax.stop_gradient(values) * weights) for name, values in metrics.items()}
+
+
+@gin.configurable
+@dataclasses.dataclass(frozen=True)
+class PolicyLossOptions:
+    """The gin-set options of `policy_loss` a learner applies (defaults: SPEC 4.6, no KL, no entropy term).
+
+    A learner reads `needs_reference` / `needs_entropy` to know whether to compute reference log-probs or entropies.
+    """
+
+    eps_low: float = 0.2
+    eps_high: float = 0.28
+    dual_clip: float | None = None
+    normalization: str = "token_mean"
+    kl_coef: float = 0.0
+    kl_estimator: str = "k3"
+    entropy_coef: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.normalization not in NORMALIZATIONS:
+            raise ValueError(f"unknown loss normalization {self.normalization!r}; choose from {NORMALIZATIONS}")
+        if self.kl_estimator not in KL_ESTIMATORS:
+            raise ValueError(f"unknown KL estimator {self.kl_estimator!r}; choose from {KL_ESTIMATORS}")
+        if self.kl_coef < 0 or self.entropy_coef < 0:
+            raise ValueError(f"kl_coef and entropy_coef must be >= 0, got {self.kl_coef}, {self.entropy_coef}")
+
+    @property
+    def needs_reference(self) -> bool:
+        """Whether the loss has a KL term (and so needs the reference policy's log-probs)."""
+        return self.kl_coef > 0
+
+    @property
+    def needs_entropy(self) -> bool:
+        """Whether the loss has an entropy term."""
+        return self.entropy_coef > 0

@@ -1,0 +1,145 @@
+"""The RL learner step (SPEC section 4, step 6; DESIGN "Functional learner"): old log-probs, then one optimiser
+update from micro-batches with exact gradient accumulation.
+
+The policy loss is a weighted sum over tokens whose weights are normalised by the WHOLE batch's token (or
+sequence) count, so summing the micro-batches' gradients gives exactly the gradient of the big batch (up to float
+rounding): there is no averaging of averages. Every function is jitted with explicit shardings over the mesh's
+(data, fsdp, tensor) axes from `rstar_jax.parallel`, so the same code runs on one device or many.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import jax
+import jax.numpy as jnp
+import optax
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from rstar_jax.model import ModelConfig, positions_from_mask, token_logprobs, token_logprobs_and_entropy
+from rstar_jax.model.lm import Params
+from rstar_jax.parallel import activation_sharding, use_mesh
+from rstar_jax.rl.losses import PolicyLossOptions, policy_loss
+from rstar_jax.train.rl_batch import RLBatch, batch_totals
+from rstar_jax.train.sft import batch_shardings
+from rstar_jax.train.state import TrainState
+
+Metrics = dict[str, jax.Array]
+
+
+def rl_batch_shardings(mesh: Mesh, rows: int) -> RLBatch:
+    """Shardings of an RLBatch of `rows` rows: rows over the data axes (when they divide), sequence whole."""
+    per_token = activation_sharding(mesh, (rows, 1), "batch", "seq")
+    return RLBatch(batch_shardings(mesh, rows), activation_sharding(mesh, (rows,), "batch"), per_token, per_token,
+                   per_token)
+
+
+def _logprobs_and_entropy(params: Params, config: ModelConfig, batch: RLBatch,
+                          with_entropy: bool) -> tuple[jax.Array, jax.Array | None]:
+    tokens = batch.tokens
+    mask = jnp.asarray(tokens.attention_mask)
+    args = (params, config, jnp.asarray(tokens.input_ids), positions_from_mask(mask), mask,
+            jnp.asarray(tokens.targets))
+    if with_entropy:
+        return token_logprobs_and_entropy(*args)
+    return token_logprobs(*args), None
+
+
+class RLLearner:
+    """Jitted pieces of an RL update for micro-batches of `rows` rows on `mesh`.
+
+    `with_policy_logprobs(params, batches)` fills each micro-batch's old (or reference) log-probs; `update(state,
+    batches)` makes ONE optimiser step from all of them (a mini-batch) and returns the new state and metrics. The
+    input state is donated: its buffers become the new state's.
+    """
+
+    def __init__(self, config: ModelConfig, optimizer: optax.GradientTransformation, schedule: optax.Schedule,
+                 mesh: Mesh, state_shardings: TrainState, rows: int,
+                 loss: PolicyLossOptions | None = None) -> None:
+        self.config, self.mesh, self.rows = config, mesh, rows
+        self.loss = loss or PolicyLossOptions()
+        params_sharding = state_shardings.params
+        batch_sharding = rl_batch_shardings(mesh, rows)
+        replicated = NamedSharding(mesh, PartitionSpec())
+        self._logprobs = jax.jit(self._policy_logprobs, in_shardings=(params_sharding, batch_sharding),
+                                 out_shardings=batch_sharding.old_logprobs)
+        self._accumulate = jax.jit(self._accumulate_gradients, donate_argnums=1,
+                                   in_shardings=(params_sharding, (params_sharding, replicated), batch_sharding,
+                                                 replicated),
+                                   out_shardings=(params_sharding, replicated))
+        self._zeros = jax.jit(lambda params: jax.tree.map(jnp.zeros_like, params), out_shardings=params_sharding)
+
+        def apply(state: TrainState, grads: Params) -> tuple[TrainState, Metrics]:
+            updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
+            metrics = {"grad_norm": optax.tree.norm(grads),
+                       "learning_rate": jnp.asarray(schedule(state.step), jnp.float32)}
+            return TrainState(optax.apply_updates(state.params, updates), opt_state, state.step + 1), metrics
+
+        self._apply = jax.jit(apply, donate_argnums=0, in_shardings=(state_shardings, params_sharding),
+                              out_shardings=(state_shardings, replicated))
+
+    def _policy_logprobs(self, params: Params, batch: RLBatch) -> jax.Array:
+        with use_mesh(self.mesh):
+            return _logprobs_and_entropy(params, self.config, batch, False)[0]
+
+    def _micro_loss(self, params: Params, batch: RLBatch, totals: jax.Array) -> tuple[jax.Array, Metrics]:
+        logprobs, entropy = _logprobs_and_entropy(params, self.config, batch, self.loss.needs_entropy)
+        options = self.loss
+        loss, metrics = policy_loss(
+            logprobs, jnp.asarray(batch.old_logprobs), jnp.asarray(batch.advantages), jnp.asarray(batch.loss_mask),
+            eps_low=options.eps_low, eps_high=options.eps_high, dual_clip=options.dual_clip,
+            normalization=options.normalization, kl_coef=options.kl_coef, kl_estimator=options.kl_estimator,
+            ref_logprobs=jnp.asarray(batch.ref_logprobs) if options.needs_reference else None,
+            entropy_coef=options.entropy_coef, entropy=entropy, total_tokens=totals[0], total_sequences=totals[1],
+            with_metrics=True)
+        return loss, {"loss": loss, **metrics}
+
+    def _accumulate_gradients(self, params: Params, accumulated: tuple[Params, Metrics], batch: RLBatch,
+                              totals: jax.Array) -> tuple[Params, Metrics]:
+        with use_mesh(self.mesh):
+            (_, metrics), grads = jax.value_and_grad(self._micro_loss, has_aux=True)(params, batch, totals)
+        grads_sum, metrics_sum = accumulated
+        return jax.tree.map(jnp.add, grads_sum, grads), jax.tree.map(jnp.add, metrics_sum, metrics)
+
+    def _check(self, batches: Sequence[RLBatch]) -> None:
+        if not batches:
+            raise ValueError("an RL update needs at least one micro-batch")
+        for batch in batches:
+            if batch.shape[0] != self.rows:
+                raise ValueError(f"micro-batches must have {self.rows} rows, got {batch.shape[0]}")
+
+    def _zero_metrics(self, params: Params, batch: RLBatch, totals: jax.Array) -> Metrics:
+        """A zero for each metric the micro-batch loss reports (their names depend on the loss options)."""
+        with use_mesh(self.mesh):
+            shapes = jax.eval_shape(self._micro_loss, params, batch, totals)[1]
+        return {name: jnp.zeros(shape.shape, shape.dtype) for name, shape in shapes.items()}
+
+    def policy_logprobs(self, params: Params, batches: Sequence[RLBatch]) -> list[jax.Array]:
+        """log p of every target token of each micro-batch under `params` (the learner's own forward)."""
+        self._check(batches)
+        return [self._logprobs(params, batch) for batch in batches]
+
+    def with_policy_logprobs(self, params: Params, batches: Sequence[RLBatch],
+                             reference: Params | None = None) -> list[RLBatch]:
+        """The micro-batches with `old_logprobs` under `params` (the policy that sampled them, SPEC 4.6's ratio
+        denominator) and, when `reference` is given, `ref_logprobs` under it (for a KL term)."""
+        olds = self.policy_logprobs(params, batches)
+        refs = self.policy_logprobs(reference, batches) if reference is not None else [b.ref_logprobs for b in batches]
+        return [batch.replace(old_logprobs=old, ref_logprobs=ref) for batch, old, ref in zip(batches, olds, refs)]
+
+    def update(self, state: TrainState, batches: Sequence[RLBatch]) -> tuple[TrainState, dict[str, float]]:
+        """One optimiser step on the summed gradient of `batches` (their old log-probs filled in).
+
+        Metrics: loss and the policy-loss metrics (weighted over the trained tokens of all micro-batches),
+        grad_norm (before clipping), learning_rate, trained_tokens and sequences.
+        """
+        self._check(batches)
+        tokens, sequences = batch_totals(batches)
+        totals = jnp.asarray([tokens, sequences], jnp.float32)
+        accumulated = (self._zeros(state.params), self._zero_metrics(state.params, batches[0], totals))
+        for batch in batches:
+            accumulated = self._accumulate(state.params, accumulated, batch, totals)
+        grads, metrics = accumulated
+        state, apply_metrics = self._apply(state, grads)
+        values = {name: float(value) for name, value in jax.device_get({**metrics, **apply_metrics}).items()}
+        return state, {**values, "trained_tokens": tokens, "sequences": sequences}
