@@ -72,4 +72,4 @@ def probe_workers(preload_modules: Sequence[str], isolate: bool) -> WorkerProbe:
     if probe.returncode != 0:
         reason = (err.decode(errors="replace").strip().splitlines() or [f"exit status {probe.returncode}"])[-1]
         return WorkerProbe([f"the workers' interpreter {sys.executable} failed to start: {reason}"], [])
-    return WorkerProbe(**json.loads(out))
+    return WorkerProbe(**json.loads(out.splitlines()[-1]))  # the report is the last line, whatever a .pth printed
