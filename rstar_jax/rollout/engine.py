@@ -17,10 +17,30 @@ FINISH_REASONS = (FINISH_STOP, FINISH_LENGTH)
 
 
 @dataclasses.dataclass(frozen=True)
+class RoutingKey:
+    """The trajectory a turn belongs to, for a balancer (SPEC section 6); engines themselves ignore it.
+
+    Every turn of one trajectory carries the same key, so a balancer can send a turn to the engine that served the
+    trajectory's previous turn (whose prefix cache holds its context). `trajectory` tells trajectories apart
+    (across rollouts too); `index` of `batch_size` is its place in the rollout batch, by which a static split
+    hands each engine one contiguous part of the batch.
+    """
+
+    trajectory: int
+    index: int = 0
+    batch_size: int = 1
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.index < self.batch_size:
+            raise ValueError(f"routing key index must be in [0, batch_size={self.batch_size}), got {self.index}")
+
+
+@dataclasses.dataclass(frozen=True)
 class SamplingParams:
     """How one turn is sampled (SPEC section 5: temperature 1.0 in RL; section 7: 0.6 at evaluation).
 
     temperature 0 means greedy. `seed` makes a request's sampling reproducible on engines that support it.
+    `routing_key` (optional) names the trajectory the turn belongs to; only a balancer reads it.
     """
 
     temperature: float = 1.0
@@ -28,6 +48,7 @@ class SamplingParams:
     max_new_tokens: int = 256
     stop_token_ids: tuple[int, ...] = ()
     seed: int | None = None
+    routing_key: RoutingKey | None = None
 
     def __post_init__(self) -> None:
         if self.temperature < 0:
@@ -60,17 +81,31 @@ class Generation:
 
 @dataclasses.dataclass(frozen=True)
 class EngineCapacity:
-    """What the KV-aware balancer routes by (SPEC section 6): KV-cache tokens and request queues."""
+    """What the KV-aware balancer routes by (SPEC section 6): KV-cache tokens and request queues.
+
+    `max_sequences` is set by engines that run a fixed number of sequences at once whatever their length (the JAX
+    engine's slots); None where only KV tokens limit (vLLM's paged cache).
+    """
 
     kv_tokens_total: int
     kv_tokens_used: int
     requests_running: int
     requests_waiting: int
+    max_sequences: int | None = None
 
     @property
     def kv_tokens_free(self) -> int:
         """KV-cache tokens not in use."""
         return max(0, self.kv_tokens_total - self.kv_tokens_used)
+
+    def __add__(self, other: EngineCapacity) -> EngineCapacity:
+        """Two engines' capacities as one fleet's (SPEC section 6): counts add; `max_sequences` only when both
+        have one."""
+        both = None if self.max_sequences is None or other.max_sequences is None \
+            else self.max_sequences + other.max_sequences
+        return EngineCapacity(self.kv_tokens_total + other.kv_tokens_total, self.kv_tokens_used + other.kv_tokens_used,
+                              self.requests_running + other.requests_running,
+                              self.requests_waiting + other.requests_waiting, both)
 
 
 class EngineUnavailable(RuntimeError):

@@ -86,7 +86,7 @@ class JaxEngine:
         self._cond = threading.Condition()
         self._stopping = False
         self._failure: str | None = None
-        self._snapshot = EngineCapacity(slots * max_len, 0, 0, 0)
+        self._snapshot = EngineCapacity(slots * max_len, 0, 0, 0, max_sequences=slots)
         self._ready = threading.Event()
         self._thread = threading.Thread(target=self._run, args=(warmup,), name="jax-engine-steps", daemon=True)
         self._thread.start()
@@ -118,7 +118,8 @@ class JaxEngine:
             raise
 
     async def capacity(self) -> EngineCapacity:
-        """KV tokens in use (sum of running sequence lengths) out of slots x max_len; running and waiting counts."""
+        """KV tokens in use (sum of running sequence lengths) out of slots x max_len; running and waiting counts;
+        `max_sequences` = slots (a balancer sends no more than that at once; SPEC section 6)."""
         with self._cond:
             self._raise_if_down()
             return dataclasses.replace(self._snapshot, requests_waiting=len(self._waiting))
@@ -272,7 +273,7 @@ class JaxEngine:
     def _publish_capacity(self) -> None:
         with self._cond:
             self._snapshot = EngineCapacity(self.slots * self.max_len, self._table.live_tokens(),
-                                            self._table.running, len(self._waiting))
+                                            self._table.running, len(self._waiting), max_sequences=self.slots)
 
     def _shut_down(self, reason: str, admitted: list[Request]) -> None:
         """Mark the engine down; fail with `reason` every request it still holds: running, waiting or `admitted`.

@@ -2,7 +2,9 @@
 per boundary": the balancer is itself a GenerationEngine, so the agent loop never knows how many engines exist).
 
 Each request (one whole assistant turn) goes to a live engine chosen by a pluggable routing policy (least requests
-in flight by default; the KV-aware balancer of SPEC section 6 replaces the policy, not the fail-over). When the
+in flight by default). The KV-aware balancer of SPEC section 6 (`balancer.Balancer`) subclasses this engine and
+replaces only the admission of an attempt (`_acquire` / `_release`: it may hold an attempt back until an engine has
+room, and reserves KV there), not the fail-over loop. When the
 chosen engine raises `EngineUnavailable`, it is marked down and the same request is sent to another live engine:
 re-generating a turn from the same prompt ids is exactly right, because the caller appends a turn only once it
 has come back whole. When no engine is left, `AllEnginesDown` (an `EngineUnavailable`) names every failure.
@@ -31,6 +33,14 @@ class EngineLoad:
 
 
 RoutingPolicy = Callable[[Sequence[EngineLoad]], int]
+
+
+@dataclasses.dataclass(frozen=True)
+class Admission:
+    """One attempt at a turn let through to engine `index`, with the KV tokens reserved there for it (SPEC 6)."""
+
+    index: int
+    reserved_tokens: int = 0
 
 
 @gin.register
@@ -97,32 +107,41 @@ class FailoverEngine:
             raise ValueError(f"routing policy chose engine {chosen!r}, which is not among the live engines {live}")
         return chosen
 
+    async def _acquire(self, prompt_ids: Sequence[int], sampling: SamplingParams) -> Admission:
+        """The engine that serves this attempt at the turn, counted in flight there (a subclass may make the
+        attempt wait here, and reserve capacity for it)."""
+        index = self._choose()
+        self._in_flight[index] += 1
+        return Admission(index)
+
+    def _release(self, admission: Admission) -> None:
+        """The attempt admitted by `_acquire` is over: it finished, failed or was cancelled."""
+        self._in_flight[admission.index] -= 1
+
     async def generate(self, prompt_ids: Sequence[int], sampling: SamplingParams) -> Generation:
         """Generate the turn on a live engine; on EngineUnavailable retry it on the next until none is left."""
         while True:
-            index = self._choose()
-            self._in_flight[index] += 1
+            admission = await self._acquire(prompt_ids, sampling)
             try:
-                return await self.engines[index].generate(prompt_ids, sampling)
+                return await self.engines[admission.index].generate(prompt_ids, sampling)
             except EngineUnavailable as error:
-                self._mark_down(index, error)
+                self._mark_down(admission.index, error)
                 self.retries += 1
             finally:
-                self._in_flight[index] -= 1
+                self._release(admission)
 
     async def capacity(self) -> EngineCapacity:
         """The live engines' capacities summed (engines that fail to answer are marked down and left out)."""
         indices = self.live
         answers = await asyncio.gather(*(self.engines[i].capacity() for i in indices), return_exceptions=True)
-        total = EngineCapacity(0, 0, 0, 0)
+        total = EngineCapacity(0, 0, 0, 0, max_sequences=0)
         for index, answer in zip(indices, answers):
             if isinstance(answer, EngineUnavailable):
                 self._mark_down(index, answer)
             elif isinstance(answer, BaseException):
                 raise answer
             else:
-                total = EngineCapacity(*(a + b for a, b in zip(dataclasses.astuple(total),
-                                                                 dataclasses.astuple(answer))))
+                total = total + answer
         if not self.live:
             raise self._all_down()
         return total

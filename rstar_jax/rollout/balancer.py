@@ -1,0 +1,194 @@
+"""The KV-cache-aware rollout balancer (SPEC section 6; DESIGN "One protocol per boundary"): a `GenerationEngine`
+over many engines that never makes one overflow its KV cache.
+
+It is a `FailoverEngine` (the same fail-over loop: a turn whose engine dies is retried on another, the dead engine
+is drained) whose admission of each attempt is KV-aware:
+- it reserves, on the engine it picks, the request's prompt plus its max new tokens: the most KV the request can
+  hold; the reservation is released when the attempt finishes, fails or is cancelled. With a KV-aware policy a
+  turn longer than `part_tokens` goes out in parts (`turn_parts`), so a reservation is the context plus one part
+  instead of the whole budget left (which most turns, stopping at a tool call, never use);
+- the policy (`balancing.POLICIES`, by gin) picks an engine among the live ones from their free KV tokens: the
+  engine's cache less this balancer's reservations less what a recent capacity reading showed others using
+  (`capacity_readings`); `kv_aware` prefers the engine that served the trajectory's previous request (the routing
+  key of `SamplingParams`) while its load is within a margin of the best engine's, where the prefix cache holds
+  the context;
+- when the policy finds no engine that can take the request without overflowing, it waits in a FIFO queue and
+  goes out as reservations are released (so engines never preempt, and queue nothing themselves); the next part of
+  a turn already running goes ahead of new turns.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import dataclasses
+from typing import Sequence
+
+import gin
+
+from rstar_jax.rollout.balancing import POLICIES, EngineState, Turn, make_policy
+from rstar_jax.rollout.capacity_readings import CapacityReadings
+from rstar_jax.rollout.engine import Generation, GenerationEngine, RoutingKey, SamplingParams
+from rstar_jax.rollout.router import Admission, FailoverEngine
+from rstar_jax.rollout.turn_parts import generate_in_parts
+
+
+@dataclasses.dataclass(eq=False)
+class _Waiter:
+    """A queued request and the future its admission is delivered to."""
+
+    turn: Turn
+    admitted: asyncio.Future[Admission]
+
+
+@gin.configurable
+class Balancer(FailoverEngine):
+    """Routes turns over `engines` by `policy` (one of `balancing.POLICIES`; SPEC section 6), with fail-over.
+
+    affinity_margin: how much more loaded (share of its KV cache) the trajectory's previous engine may be than the
+    best one and still get the request (`kv_aware`); part_tokens: with a KV-aware policy, the most new tokens one
+    request asks for (None: whole turns); scrape_interval_s: the least time between two capacity reads of one
+    engine; affinity_keys: trajectories whose last engine is remembered (the oldest are forgotten).
+    """
+
+    def __init__(self, engines: Sequence[GenerationEngine], policy: str = "kv_aware", affinity_margin: float = 0.25,
+                 part_tokens: int | None = 1024, scrape_interval_s: float = 1.0,
+                 affinity_keys: int = 1 << 16) -> None:
+        super().__init__(engines)
+        if policy not in POLICIES:
+            raise ValueError(f"unknown balancing policy {policy!r}; choose one of {POLICIES}")
+        if part_tokens is not None and part_tokens < 1:
+            raise ValueError(f"part_tokens must be >= 1 or None, got {part_tokens}")
+        self.policy_name = policy
+        self.balancing = make_policy(policy, len(self.engines), affinity_margin)
+        self.part_tokens = part_tokens if self.balancing.reserves_kv else None
+        self.readings = CapacityReadings(self.engines, scrape_interval_s, self._reserved_on, self._mark_down,
+                                         self._on_reading)
+        self.affinity_keys = affinity_keys
+        self._reserved = [0] * len(self.engines)
+        self._states = [EngineState(index, 0, 0, 0) for index in range(len(self.engines))]
+        self._live = self.live
+        self._all_read = False
+        self._queue: collections.deque[_Waiter] = collections.deque()
+        self._affinity: collections.OrderedDict[RoutingKey, int] = collections.OrderedDict()
+        self.queued_requests = 0  # attempts that had to wait in the queue
+        self.max_queue = 0
+
+    @property
+    def reserved(self) -> tuple[int, ...]:
+        """KV tokens reserved on each engine by the attempts in flight there."""
+        return tuple(self._reserved)
+
+    @property
+    def queued(self) -> int:
+        """Requests waiting for an engine with room."""
+        return len(self._queue)
+
+    async def generate(self, prompt_ids: Sequence[int], sampling: SamplingParams) -> Generation:
+        """Generate the turn on the engines, in parts of at most `part_tokens` tokens with a KV-aware policy."""
+        if self.part_tokens is None or sampling.max_new_tokens <= self.part_tokens:
+            return await super().generate(prompt_ids, sampling)
+        return await generate_in_parts(super().generate, prompt_ids, sampling, self.part_tokens)
+
+    def _reserved_on(self, index: int) -> int:
+        return self._reserved[index]
+
+    async def _acquire(self, prompt_ids: Sequence[int], sampling: SamplingParams) -> Admission:
+        """Admit the attempt on the engine the policy picks, or queue it until one has room (SPEC section 6)."""
+        if not self._all_read:
+            await self.readings.ensure(self._live)
+            self._all_read = True
+        turn = Turn.of(prompt_ids, sampling)
+        if not self._queue or turn.continuing:  # the next part of a running turn does not queue behind new turns
+            index = self._place(turn)
+            if index is not None:
+                return self._admit(index, turn)
+        waiter = _Waiter(turn, asyncio.get_running_loop().create_future())
+        if turn.continuing:
+            self._queue.appendleft(waiter)
+        else:
+            self._queue.append(waiter)
+        self.queued_requests += 1
+        self.max_queue = max(self.max_queue, len(self._queue))
+        try:
+            return await waiter.admitted
+        except asyncio.CancelledError:
+            if not waiter.admitted.done():
+                waiter.admitted.cancel()
+            if waiter in self._queue:
+                self._queue.remove(waiter)
+            elif not waiter.admitted.cancelled() and waiter.admitted.exception() is None:
+                self._release(waiter.admitted.result())  # admitted just as the caller went away
+            raise
+
+    def _release(self, admission: Admission) -> None:
+        """The attempt is over: its reservation goes, and queued requests may now fit."""
+        super()._release(admission)
+        self._reserved[admission.index] -= admission.reserved_tokens
+        self._update_state(admission.index)
+        self._dispatch()
+
+    def _mark_down(self, index: int, error: Exception) -> None:
+        """Drain engine `index` (its attempts in flight fail and are retried elsewhere); queued requests re-route,
+        and fail with AllEnginesDown when no engine is left."""
+        super()._mark_down(index, error)
+        self._live = self.live
+        if self._live:
+            self._dispatch()
+            return
+        while self._queue:
+            waiter = self._queue.popleft()
+            if not waiter.admitted.done():
+                waiter.admitted.set_exception(self._all_down())
+
+    def _on_reading(self, index: int) -> None:
+        self._update_state(index)
+        self._dispatch()
+
+    def _admit(self, index: int, turn: Turn) -> Admission:
+        need = self._states[index].need(turn)
+        self._reserved[index] += need
+        self._in_flight[index] += 1
+        self._update_state(index)
+        if turn.key is not None:
+            self._affinity[turn.key] = index
+            self._affinity.move_to_end(turn.key)
+            if len(self._affinity) > self.affinity_keys:
+                self._affinity.popitem(last=False)
+        return Admission(index, need)
+
+    def _place(self, turn: Turn) -> int | None:
+        """The engine the policy picks for `turn` now, or None (wait); stale readings are refreshed meanwhile."""
+        live = self._live
+        if not live:
+            raise self._all_down()
+        self.readings.refresh_stale(live)
+        previous = self._affinity.get(turn.key) if turn.key is not None else None
+        sticky = self._states[previous] if previous is not None and previous not in self._down else None
+        chosen = self.balancing.choose(turn, [self._states[index] for index in live], sticky)
+        if chosen is not None and chosen not in live:
+            raise ValueError(f"policy {self.policy_name} chose engine {chosen!r}, not among the live engines {live}")
+        return chosen
+
+    def _update_state(self, index: int) -> None:
+        """Engine `index` as the policy sees it: in flight, and its cache less reservations and foreign use."""
+        reading = self.readings.latest(index)
+        if reading is None:  # not read yet: room for nothing
+            self._states[index] = EngineState(index, self._in_flight[index], 0, 0)
+            return
+        capacity = reading.capacity
+        self._states[index] = EngineState(index, self._in_flight[index], capacity.kv_tokens_total,
+                                          reading.free_tokens(self._reserved[index]), capacity.max_sequences)
+
+    def _dispatch(self) -> None:
+        """Admit queued requests in order while the policy finds them an engine (the head waits: no overtaking)."""
+        while self._queue and self._live:
+            waiter = self._queue[0]
+            if waiter.admitted.done():  # cancelled while queued
+                self._queue.popleft()
+                continue
+            index = self._place(waiter.turn)
+            if index is None:
+                return
+            self._queue.popleft()
+            waiter.admitted.set_result(self._admit(index, waiter.turn))
