@@ -118,13 +118,22 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
                         response_tokens_mean=args.response_tokens_mean, seed=args.seed)
     names = [name.strip() for name in args.policies.split(",") if name.strip()]
     result = run_benchmark(names, args.engines, args.profile, workload, args.part_tokens or None, args.workers)
-    result["environment"]["command"] = "python -m experiments.bench.balancer " + " ".join(sys.argv[1:] if argv is None
-                                                                                          else argv)
-    print(format_report(result))
-    if args.json_path:
-        Path(args.json_path).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json_path).write_text(json.dumps(result, indent=2) + "\n")
+    result["environment"]["command"] = command_line("experiments.bench.balancer", argv)
+    emit(format_report(result), result, args.json_path)
     return result
+
+
+def command_line(module: str, argv: Sequence[str] | None) -> str:
+    """The command that reproduces this run."""
+    return f"python -m {module} " + " ".join(sys.argv[1:] if argv is None else argv)
+
+
+def emit(report: str, result: dict[str, Any], json_path: str | None) -> None:
+    """Print the report; write every figure to `json_path` if given."""
+    print(report)
+    if json_path:
+        Path(json_path).parent.mkdir(parents=True, exist_ok=True)
+        Path(json_path).write_text(json.dumps(result, indent=2) + "\n")
 
 
 if __name__ == "__main__":

@@ -22,7 +22,7 @@ from rstar_jax.agent.tool_call import FailedToolCall, ToolCall, has_tool_call, p
 from rstar_jax.agent.tool_protocol import ToolExecutor, ToolOutcome
 from rstar_jax.agent.trajectory import FinishReason, Trajectory, TrajectoryBuilder
 from rstar_jax.data.problem import Problem
-from rstar_jax.rollout.engine import FINISH_LENGTH, GenerationEngine, SamplingParams
+from rstar_jax.rollout.engine import FINISH_LENGTH, GenerationEngine, RoutingKey, SamplingParams
 from rstar_jax.tokenizers.special_tokens import IM_END, TOOL_CALL_CLOSE
 
 EXECUTOR_FAILED = "unavailable"  # status of a call whose executor raised instead of answering
@@ -88,20 +88,23 @@ class AgentLoop:
         self.temperature, self.top_p, self.tool_timeout_s = temperature, top_p, tool_timeout_s
         self.stop_token_ids = (single_token_id(tokenizer, TOOL_CALL_CLOSE), single_token_id(tokenizer, IM_END))
 
-    def _sampling(self, remaining: int, seed: int) -> SamplingParams:
+    def _sampling(self, remaining: int, seed: int, routing_key: RoutingKey) -> SamplingParams:
         return SamplingParams(temperature=self.temperature, top_p=self.top_p, max_new_tokens=remaining,
-                              stop_token_ids=self.stop_token_ids, seed=seed)
+                              stop_token_ids=self.stop_token_ids, seed=seed, routing_key=routing_key)
 
-    async def run_trajectory(self, problem: Problem, seed: int) -> Trajectory:
+    async def run_trajectory(self, problem: Problem, seed: int, routing_key: RoutingKey | None = None) -> Trajectory:
         """One trajectory for `problem`, turn by turn until a stop rule of SPEC section 2 holds; `seed` fixes its
-        sampling. Engine errors propagate (a `FailoverEngine` retries them); tool failures never do."""
+        sampling. Every turn carries `routing_key` (default: the trajectory alone, keyed by its seed), so a
+        balancer keeps its turns on one engine (SPEC section 6). Engine errors propagate (a `FailoverEngine`
+        retries them); tool failures never do."""
+        key = RoutingKey(seed) if routing_key is None else routing_key
         builder = TrajectoryBuilder(self.tokenizer, prompt_token_ids(self.tokenizer, problem.question))
         while True:
             remaining = self.max_response_tokens - builder.response_length
             if remaining <= 0:
                 return builder.finish(FinishReason.MAX_LENGTH)
-            turn = await self.engine.generate(builder.token_ids, self._sampling(remaining, turn_seed(seed,
-                                                                                                     builder.turns)))
+            turn = await self.engine.generate(builder.token_ids,
+                                              self._sampling(remaining, turn_seed(seed, builder.turns), key))
             text = builder.add_sampled_turn(turn.token_ids, turn.logprobs)
             if turn.finish_reason == FINISH_LENGTH:
                 return builder.finish(FinishReason.MAX_LENGTH)
@@ -124,13 +127,17 @@ class AgentLoop:
 
     async def rollout(self, problems: Sequence[Problem], n_per_problem: int, seed: int = 0) -> list[RolloutSample]:
         """`n_per_problem` trajectories of every problem, all concurrently (one task each), in (group, sample)
-        order. Sample k of group g is sampled with seed `seed + g * n_per_problem + k`."""
+        order. Sample k of group g is sampled with seed `seed + g * n_per_problem + k` and routed with the key
+        (that seed, its place g * n_per_problem + k in the batch, the batch's size)."""
         if n_per_problem < 1:
             raise ValueError(f"n_per_problem must be >= 1, got {n_per_problem}")
 
+        batch_size = len(problems) * n_per_problem
+
         async def one(group: int, sample: int) -> RolloutSample:
             sample_seed = seed + group * n_per_problem + sample
-            trajectory = await self.run_trajectory(problems[group], sample_seed)
+            key = RoutingKey(sample_seed, group * n_per_problem + sample, batch_size)
+            trajectory = await self.run_trajectory(problems[group], sample_seed, key)
             return RolloutSample(problems[group], group, sample, sample_seed, trajectory)
 
         tasks = [asyncio.ensure_future(one(group, sample)) for group in range(len(problems))

@@ -52,7 +52,7 @@ class Balancer(FailoverEngine):
     """
 
     def __init__(self, engines: Sequence[GenerationEngine], policy: str = "kv_aware", affinity_margin: float = 0.25,
-                 part_tokens: int | None = 1024, scrape_interval_s: float = 1.0,
+                 part_tokens: int | None = 256, scrape_interval_s: float = 1.0,
                  affinity_keys: int = 1 << 16) -> None:
         super().__init__(engines)
         if policy not in POLICIES:

@@ -63,3 +63,21 @@ def capacity_from_metrics(text: str) -> EngineCapacity:
         requests_running=int(sum(value for _, value in samples[RUNNING].values())),
         requests_waiting=int(sum(value for _, value in samples[WAITING].values())),
     )
+
+
+PREEMPTIONS = "vllm:num_preemptions_total"
+GENERATION_TOKENS = "vllm:generation_tokens_total"
+PREFIX_HITS = "vllm:prefix_cache_hits_total"
+PREFIX_QUERIES = "vllm:prefix_cache_queries_total"
+COUNTERS = (PREEMPTIONS, GENERATION_TOKENS, PREFIX_HITS, PREFIX_QUERIES)
+
+
+def counters_from_metrics(text: str, names: tuple[str, ...] = COUNTERS) -> dict[str, float]:
+    """Totals of counters in /metrics text, summed over engines (SPEC section 6: preemptions, generated tokens,
+    prefix-cache hits and queries); a counter the text lacks is 0."""
+    totals = dict.fromkeys(names, 0.0)
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name in totals:
+                totals[sample.name] += float(sample.value)
+    return totals
