@@ -26,7 +26,7 @@ from rstar_jax.rollout.engine import (
     SamplingParams,
 )
 from rstar_jax.rollout.vllm_metrics import capacity_from_metrics
-from rstar_jax.rollout.vllm_weight_sync import SyncCheckpoint, push_weights, write_sync_checkpoint
+from rstar_jax.rollout.vllm_weight_sync import SharedSyncCheckpoints, SyncCheckpoint, push_weights
 
 _UNREACHABLE = (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, TimeoutError)
 # vLLM's HTTP server closes a keep-alive connection after 5 idle seconds (VLLM_HTTP_TIMEOUT_KEEP_ALIVE) and aiohttp
@@ -40,16 +40,19 @@ class VLLMServerEngine:
     """Client of one vLLM server at `url` (e.g. "http://10.0.0.5:8000").
 
     `model_config` is the learner's config of the served model; it is needed only by `update_weights`, which turns
-    the learner's parameter tree into HF tensors. `request_timeout_s` bounds one generate call.
+    the learner's parameter tree into HF tensors. `request_timeout_s` bounds one generate call. `checkpoints` is
+    shared by the engines of one fleet, so a weight version is written once for all of them.
     """
 
-    def __init__(self, url: str, model_config: ModelConfig | None = None, request_timeout_s: float = 3600.0) -> None:
+    def __init__(self, url: str, model_config: ModelConfig | None = None, request_timeout_s: float = 3600.0,
+                 checkpoints: SharedSyncCheckpoints | None = None) -> None:
         if not url.startswith(("http://", "https://")):
             raise ValueError(f"vLLM server url must start with http:// or https://, got {url!r}")
         self.url = url.rstrip("/")
         self.model_config = model_config
         self.request_timeout_s = request_timeout_s
-        self.weight_version: int | None = None
+        self.checkpoints = checkpoints if checkpoints is not None else SharedSyncCheckpoints()
+        self.weights_version: int | None = None
         self._session: aiohttp.ClientSession | None = None
         self._session_loop: asyncio.AbstractEventLoop | None = None
 
@@ -124,18 +127,16 @@ class VLLMServerEngine:
     async def load_weights_from(self, checkpoint: SyncCheckpoint, version: int) -> dict[str, Any]:
         """Make the server serve the weights in an already written sync checkpoint; returns the worker's report."""
         report = await push_weights(self._client(), self.url, checkpoint.path)
-        self.weight_version = version
+        self.weights_version = version
         return report
 
     async def update_weights(self, params: Params, version: int) -> None:
-        """Write `params` as a sync checkpoint and load it into this server (a fleet writes once for all servers)."""
+        """Load `params` into this server from the sync checkpoint of `version`, written once for every engine that
+        shares this engine's `checkpoints` (GenerationEngine)."""
         if self.model_config is None:
             raise ValueError(f"VLLMServerEngine({self.url}) needs model_config to convert parameters in update_weights")
-        checkpoint = write_sync_checkpoint(self.model_config, params, version)
-        try:
+        async with self.checkpoints.use(self.model_config, params, version) as checkpoint:
             await self.load_weights_from(checkpoint, version)
-        finally:
-            checkpoint.remove()
 
 
 def _json(text: str) -> dict[str, Any]:

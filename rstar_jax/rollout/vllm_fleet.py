@@ -1,8 +1,9 @@
 """The rollout fleet: N vLLM servers, launched here from an HF folder or attached by URL (issue 5 item 2).
 
-A fleet hands out one `VLLMServerEngine` per server (the balancer routes over them) and pushes new weights to all
-of them after each learner update, writing the sync checkpoint once. Launched servers are stopped by `close()` / the
-context manager; attached ones are left running.
+A fleet holds one `VLLMServerEngine` per server and `router`, the `FailoverEngine` over them that rollouts go
+through. Weights take the one push path of every engine set: `router.update_weights`, which skips servers marked
+down and marks down those that fail, while the engines share one `SharedSyncCheckpoints` so each version is written
+once for all servers. Launched servers are stopped by `close()` / the context manager; attached ones keep running.
 """
 
 from __future__ import annotations
@@ -16,14 +17,14 @@ import gin
 
 from rstar_jax.model.config import ModelConfig
 from rstar_jax.model.lm import Params
-from rstar_jax.rollout.engine import EngineUnavailable
+from rstar_jax.rollout.router import FailoverEngine
 from rstar_jax.rollout.vllm_engine import VLLMServerEngine
 from rstar_jax.rollout.vllm_server import VLLMServer, launch_servers
-from rstar_jax.rollout.vllm_weight_sync import SyncTiming, write_sync_checkpoint
+from rstar_jax.rollout.vllm_weight_sync import SharedSyncCheckpoints, SyncTiming
 
 
 class VLLMFleet:
-    """Engines over vLLM servers plus the servers this process started (stopped on close)."""
+    """Engines over vLLM servers, the router over them, and the servers this process started (stopped on close)."""
 
     def __init__(self, engines: Sequence[VLLMServerEngine], model_config: ModelConfig | None = None,
                  servers: Sequence[VLLMServer] = ()) -> None:
@@ -32,12 +33,18 @@ class VLLMFleet:
         self.engines = list(engines)
         self.model_config = model_config
         self.servers = list(servers)
+        self.router = FailoverEngine(self.engines)
+
+    @staticmethod
+    def _engines(urls: Sequence[str], model_config: ModelConfig | None) -> list[VLLMServerEngine]:
+        checkpoints = SharedSyncCheckpoints()
+        return [VLLMServerEngine(url, model_config, checkpoints=checkpoints) for url in urls]
 
     @classmethod
     def attach(cls, urls: Sequence[str], model_config: ModelConfig | None = None) -> VLLMFleet:
         """A fleet over servers already running at `urls` (they must run with this repo's worker extension and
         VLLM_SERVER_DEV_MODE=1 for weight sync)."""
-        return cls([VLLMServerEngine(url, model_config) for url in urls], model_config)
+        return cls(cls._engines(urls, model_config), model_config)
 
     @classmethod
     def launch(cls, model_dir: str | os.PathLike, num_servers: int, model_config: ModelConfig | None = None,
@@ -45,33 +52,24 @@ class VLLMFleet:
         """Start `num_servers` servers on `model_dir` and wait until all are healthy (flags from gin:
         `server_command`, `server_env`; `start_options` such as extra_args go to `start_server`)."""
         servers = launch_servers(model_dir, num_servers, **start_options)
-        return cls([VLLMServerEngine(server.url, model_config) for server in servers], model_config, servers)
+        return cls(cls._engines([server.url for server in servers], model_config), model_config, servers)
 
     async def update_weights(self, params: Params, version: int) -> SyncTiming:
-        """Push `params` to every server: one sync checkpoint, reloaded by all servers concurrently, then deleted.
+        """Push `params` to every live server through `router` (one checkpoint written, reloaded by all servers
+        concurrently, then deleted) and time it.
 
-        Raises EngineUnavailable naming the servers that could not be reached (the others did update), RuntimeError
-        when a reachable server failed to reload.
+        A server that cannot be reached is marked down and skipped from then on; AllEnginesDown (an
+        EngineUnavailable) names every failure once none is left; RuntimeError when a reachable server failed to
+        reload.
         """
         if self.model_config is None:
             raise ValueError("the fleet needs model_config to convert parameters for update_weights")
         start = time.perf_counter()
-        checkpoint = write_sync_checkpoint(self.model_config, params, version)
-        written = time.perf_counter()
-        try:  # every server finishes reading before the checkpoint goes
-            outcomes = await asyncio.gather(*(engine.load_weights_from(checkpoint, version) for engine in self.engines),
-                                            return_exceptions=True)
-        finally:
-            checkpoint.remove()
-        failures = [(engine.url, outcome) for engine, outcome in zip(self.engines, outcomes)
-                    if isinstance(outcome, BaseException)]
-        if failures:
-            kind = EngineUnavailable if all(isinstance(error, EngineUnavailable) for _, error in failures) \
-                else RuntimeError
-            raise kind(f"weight sync to version {version} failed on {len(failures)} of {len(self.engines)} "
-                       f"server(s): " + "; ".join(f"{url}: {error}" for url, error in failures)) from failures[0][1]
-        return SyncTiming(megabytes=checkpoint.megabytes, write_s=written - start,
-                          load_s=time.perf_counter() - written, servers=len(self.engines))
+        await self.router.update_weights(params, version)
+        seconds = time.perf_counter() - start
+        checkpoints = self.engines[0].checkpoints
+        return SyncTiming(megabytes=checkpoints.last_megabytes, write_s=checkpoints.last_write_s,
+                          load_s=seconds - checkpoints.last_write_s, servers=len(self.router.live))
 
     async def aclose(self) -> None:
         """Close the engines' HTTP sessions."""

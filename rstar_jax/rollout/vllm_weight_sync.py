@@ -8,12 +8,15 @@ KV was computed by the old weights), POST /resume. Servers are never restarted.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import dataclasses
 import os
 import shutil
 import tempfile
+import time
 from pathlib import Path
-from typing import Any
+from typing import Any, AsyncIterator
 
 import aiohttp
 import gin
@@ -69,6 +72,50 @@ def write_sync_checkpoint(config: ModelConfig, params: Params, version: int, dir
     save_hf((config, params), temporary, shard_size_mb=shard_size_mb)
     os.replace(temporary, final)
     return SyncCheckpoint(final, sum(leaf.nbytes for leaf in jax.tree_util.tree_leaves(params)))
+
+
+@dataclasses.dataclass
+class _Written:
+    task: asyncio.Future
+    users: int = 0
+
+
+class SharedSyncCheckpoints:
+    """Writes each weight version once for all the servers that load it (DESIGN "Scale-out": one write, every
+    server reads it), and deletes it when the last of them is done.
+
+    The engines of one fleet share one of these: each engine's `update_weights` enters `use(...)` for the version
+    it is given; the first to enter writes the checkpoint (in a thread, off the event loop), the others wait for
+    that same write. A server that is down never enters, so it cannot hold the folder up.
+    """
+
+    def __init__(self) -> None:
+        self._written: dict[int, _Written] = {}
+        self.last_write_s = 0.0
+        self.last_megabytes = 0.0
+
+    def _write(self, config: ModelConfig, params: Params, version: int) -> SyncCheckpoint:
+        started = time.perf_counter()
+        checkpoint = write_sync_checkpoint(config, params, version)
+        self.last_write_s, self.last_megabytes = time.perf_counter() - started, checkpoint.megabytes
+        return checkpoint
+
+    @contextlib.asynccontextmanager
+    async def use(self, config: ModelConfig, params: Params, version: int) -> AsyncIterator[SyncCheckpoint]:
+        """The written checkpoint of `version` (written now if no other user has started it) while inside."""
+        entry = self._written.get(version)
+        if entry is None:
+            entry = self._written[version] = _Written(asyncio.ensure_future(
+                asyncio.to_thread(self._write, config, params, version)))
+        entry.users += 1
+        try:
+            yield await asyncio.shield(entry.task)
+        finally:
+            entry.users -= 1
+            if entry.users == 0:
+                del self._written[version]
+                if entry.task.done() and not entry.task.cancelled() and entry.task.exception() is None:
+                    entry.task.result().remove()
 
 
 async def _post(session: aiohttp.ClientSession, url: str, body: dict[str, Any] | None = None,

@@ -24,6 +24,7 @@ from rstar_jax.rollout.engine import FINISH_LENGTH, FINISH_STOP, EngineCapacity,
 from rstar_jax.rollout.vllm_engine import VLLMServerEngine
 from rstar_jax.rollout.vllm_fleet import VLLMFleet, measure_weight_sync
 from rstar_jax.rollout.vllm_server import start_server, wait_healthy
+from sandbox_server.launcher import free_port
 from vllm_fixtures import (
     KV_CACHE_BYTES,
     MAX_MODEL_LEN,
@@ -261,9 +262,27 @@ def test_weight_sync_serves_the_new_weights_without_restart(served, head):
     # no stale prefix KV: the turn continuing the cached prompt is scored by the new weights
     continued = jax_scores(config, new, PROMPT + generated.token_ids)[len(PROMPT) - 1:]
     np.testing.assert_allclose(generated.logprobs, continued, atol=1e-4)
-    assert engine.weight_version == 1 and timing.servers == 1
+    assert engine.weights_version == 1 and timing.servers == 1
     n_params = sum(leaf.size for leaf in jax.tree_util.tree_leaves(new))
     assert timing.megabytes == pytest.approx(n_params * 4 / 1e6)
+
+
+def test_a_dead_server_does_not_stop_the_sync_of_the_live_one(served):
+    """One push path: the fleet syncs through its router, which marks the dead server down and updates the rest."""
+    _, model = served["tied"]
+    live_url = served["tied"][0].engines[0].url
+    fleet = VLLMFleet.attach([f"http://127.0.0.1:{free_port()}", live_url], model.config)
+    new = sharpened(init_params(model.config, jax.random.key(11)), 4.0)
+
+    async def sync_twice():
+        first = await fleet.update_weights(new, version=40)
+        second = await fleet.update_weights(model.params, version=41)  # the dead one is not tried again
+        return first, second, await fleet.engines[1].score(SCORED)
+
+    first, second, after = run(fleet, sync_twice())
+    assert fleet.router.live == [1] and list(fleet.router.down) == [0]
+    assert first.servers == second.servers == 1 and fleet.engines[1].weights_version == 41
+    np.testing.assert_allclose(after, jax_scores(model.config, model.params, SCORED), atol=1e-4)
 
 
 def test_measure_weight_sync_reports_seconds_per_megabyte(served):

@@ -28,7 +28,7 @@ from rstar_jax.rollout.vllm_server import (
     start_server,
     wait_healthy,
 )
-from rstar_jax.rollout.vllm_weight_sync import push_weights, write_sync_checkpoint
+from rstar_jax.rollout.vllm_weight_sync import SharedSyncCheckpoints, push_weights, write_sync_checkpoint
 from sandbox_server.launcher import free_port
 from rstar_jax.rollout.vllm_worker_extension import EXTENSION_QUALNAME, shard_paths
 
@@ -231,8 +231,35 @@ def test_a_fleet_sync_names_the_unreachable_servers(tmp_path):
 
     try:
         gin.bind_parameter("default_sync_dir.sync_dir", str(tmp_path))
-        with pytest.raises(EngineUnavailable, match="failed on 2 of 2 server"):
+        with pytest.raises(EngineUnavailable, match="all 2 engines are down"):
             asyncio.run(sync())
     finally:
         gin.clear_config()
     assert list(tmp_path.iterdir()) == [], "the sync file is removed even when the sync fails"
+
+
+def test_shared_sync_checkpoints_write_each_version_once_and_remove_it_after_the_last_user(tmp_path):
+    params = init_params(SMALL, jax.random.key(0))
+    checkpoints = SharedSyncCheckpoints()
+    writes = []
+    original = checkpoints._write
+    checkpoints._write = lambda *args: writes.append(args[2]) or original(*args)  # count the real writes
+
+    async def two_servers_load(version):
+        seen = []
+
+        async def load():
+            async with checkpoints.use(SMALL, params, version) as checkpoint:
+                seen.append(checkpoint.path)
+                assert (checkpoint.path / "config.json").is_file()
+                await asyncio.sleep(0.01)
+        await asyncio.gather(load(), load())
+        return seen
+
+    try:
+        gin.bind_parameter("default_sync_dir.sync_dir", str(tmp_path))
+        first, second = asyncio.run(two_servers_load(4)), asyncio.run(two_servers_load(5))
+    finally:
+        gin.clear_config()
+    assert writes == [4, 5] and first[0] == first[1] and second[0] == second[1] != first[0]
+    assert list(tmp_path.iterdir()) == [] and checkpoints.last_megabytes > 0
