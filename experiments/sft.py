@@ -33,7 +33,7 @@ from rstar_jax.tokenizers import load_tokenizer
 from rstar_jax.train.batching import batch_indices, make_batch
 from rstar_jax.train.checkpoints import checkpoint_manager, restore_latest, save_state
 from rstar_jax.train.format_probe import probe_format
-from rstar_jax.train.optim import adamw_optimizer
+from rstar_jax.train.optim import sft_optimizer
 from rstar_jax.train.sft import make_sft_step
 from rstar_jax.train.sft_data import cached_sft_sequences
 from rstar_jax.train.state import init_train_state, train_state_shardings
@@ -62,7 +62,7 @@ def train_sft(out: str | Path, steps: int = 100, batch_size: int = 16, num_trans
     sequences = cached_sft_sequences(out / TRANSCRIPTS_FILE, num_transcripts, data_seed, token_source)
     data_time = time.monotonic() - started
 
-    optimizer, schedule = adamw_optimizer(steps)
+    optimizer, schedule = sft_optimizer(steps)
     mesh = make_mesh()
     state = init_train_state(model.params, optimizer)
     shardings = train_state_shardings(state, mesh)

@@ -102,7 +102,9 @@ def select_roc(rewards: np.ndarray, penalties: np.ndarray, keep: int, *, mode: s
     num_positive, num_negative = roc_class_sizes(len(positives), len(negatives), keep)
     rng = np.random.default_rng(seed)
     kept_negatives = rng.choice(negatives, size=num_negative, replace=False)
-    if mode == "release":
+    if num_positive == 0:
+        kept_positives = positives[:0]
+    elif mode == "release":
         shuffled = rng.permutation(positives)
         kept_positives = shuffled[np.argsort(penalties[shuffled], kind="stable")[:num_positive]]
     else:

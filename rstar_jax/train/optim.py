@@ -1,7 +1,8 @@
-"""The learner's optimiser: AdamW behind global-norm clipping, with a linear-warmup + cosine learning rate.
+"""The learner's optimiser: AdamW behind global-norm clipping, with a warm-up then constant, cosine or linear rate.
 
-SPEC section 5: the SFT stage uses AdamW, lr 5e-6, 4% warmup then cosine decay; RL a constant lr after warmup
-(end_fraction 1.0). Every knob is a gin parameter (`adamw_optimizer.learning_rate = ...`).
+SPEC section 5: the SFT stage uses AdamW, lr 5e-6, 4% warm-up then cosine decay (`sft_optimizer`); RL a constant
+lr of 1e-6 after 20 warm-up steps (`rl_optimizer`). The two are separate gin configurables so one run (the demo:
+SFT then RL) configures both without scopes: `sft_optimizer.learning_rate = ...`, `rl_optimizer.learning_rate = ...`.
 """
 
 from __future__ import annotations
@@ -9,45 +10,69 @@ from __future__ import annotations
 import gin
 import optax
 
+SCHEDULES = ("constant", "cosine", "linear")
 
-def warmup_cosine_schedule(total_steps: int, peak: float, warmup_fraction: float,
-                           end_fraction: float) -> optax.Schedule:
-    """Linear warmup over warmup_fraction * total_steps (at least one step), then cosine to end_fraction * peak."""
+
+def learning_rate_schedule(total_steps: int, peak: float, warmup_steps: int, shape: str = "cosine",
+                           end_fraction: float = 0.0) -> optax.Schedule:
+    """Linear warm-up from 0 over `warmup_steps` (at least 1), then "constant" at `peak`, or "cosine" / "linear"
+    decay to end_fraction * peak at `total_steps`."""
     if total_steps < 1:
         raise ValueError(f"total_steps must be >= 1, got {total_steps}")
     if peak <= 0:
         raise ValueError(f"learning_rate must be positive, got {peak}")
-    if not 0.0 <= warmup_fraction < 1.0:
-        raise ValueError(f"warmup_fraction must be within [0, 1), got {warmup_fraction}")
+    if shape not in SCHEDULES:
+        raise ValueError(f"unknown learning-rate schedule {shape!r}; choose from {SCHEDULES}")
+    if not 0 <= warmup_steps < max(total_steps, 2):
+        raise ValueError(f"warm-up of {warmup_steps} steps does not fit in {total_steps} steps")
     if not 0.0 <= end_fraction <= 1.0:
         raise ValueError(f"end_fraction must be within [0, 1], got {end_fraction}")
-    warmup_steps = max(1, round(warmup_fraction * total_steps))
-    return optax.warmup_cosine_decay_schedule(
-        init_value=0.0, peak_value=peak, warmup_steps=warmup_steps,
-        decay_steps=max(total_steps, warmup_steps + 1), end_value=end_fraction * peak)
+    warmup_steps = max(1, warmup_steps)
+    warmup = optax.linear_schedule(0.0, peak, warmup_steps)
+    decay_steps = max(1, total_steps - warmup_steps)
+    after = {"constant": optax.constant_schedule(peak),
+             "cosine": optax.cosine_decay_schedule(peak, decay_steps, alpha=end_fraction),
+             "linear": optax.linear_schedule(peak, end_fraction * peak, decay_steps)}[shape]
+    return optax.join_schedules([warmup, after], [warmup_steps])
 
 
-@gin.configurable
-def adamw_optimizer(
-    total_steps: int,
-    learning_rate: float = 5e-6,
-    warmup_fraction: float = 0.04,
-    end_fraction: float = 0.0,
-    weight_decay: float = 0.0,
-    clip_norm: float | None = 1.0,
-    b1: float = 0.9,
-    b2: float = 0.999,
-) -> tuple[optax.GradientTransformation, optax.Schedule]:
+def adamw_optimizer(total_steps: int, learning_rate: float, warmup_steps: int | None = None,
+                    warmup_fraction: float = 0.0, schedule: str = "cosine", end_fraction: float = 0.0,
+                    weight_decay: float = 0.0, clip_norm: float | None = 1.0, b1: float = 0.9,
+                    b2: float = 0.999) -> tuple[optax.GradientTransformation, optax.Schedule]:
     """AdamW (decoupled weight decay) after clipping the gradient's global norm to `clip_norm` (None: no clip).
 
-    Returns the transformation and its learning-rate schedule (for logging the rate of each step).
+    The warm-up lasts `warmup_steps`, or `warmup_fraction` of `total_steps` when that is None. Returns the
+    transformation and its learning-rate schedule (for logging the rate of each step).
     """
     if clip_norm is not None and clip_norm <= 0:
         raise ValueError(f"clip_norm must be positive or None, got {clip_norm}")
     if weight_decay < 0:
         raise ValueError(f"weight_decay must be >= 0, got {weight_decay}")
-    schedule = warmup_cosine_schedule(total_steps, learning_rate, warmup_fraction, end_fraction)
-    adamw = optax.adamw(schedule, b1=b1, b2=b2, weight_decay=weight_decay)
+    if not 0.0 <= warmup_fraction < 1.0:
+        raise ValueError(f"warmup_fraction must be within [0, 1), got {warmup_fraction}")
+    warmup = round(warmup_fraction * total_steps) if warmup_steps is None else warmup_steps
+    rate = learning_rate_schedule(total_steps, learning_rate, warmup, schedule, end_fraction)
+    adamw = optax.adamw(rate, b1=b1, b2=b2, weight_decay=weight_decay)
     if clip_norm is None:
-        return adamw, schedule
-    return optax.chain(optax.clip_by_global_norm(clip_norm), adamw), schedule
+        return adamw, rate
+    return optax.chain(optax.clip_by_global_norm(clip_norm), adamw), rate
+
+
+@gin.configurable
+def sft_optimizer(total_steps: int, learning_rate: float = 5e-6, warmup_fraction: float = 0.04,
+                  schedule: str = "cosine", end_fraction: float = 0.0, weight_decay: float = 0.0,
+                  clip_norm: float | None = 1.0, b1: float = 0.9,
+                  b2: float = 0.999) -> tuple[optax.GradientTransformation, optax.Schedule]:
+    """The SFT optimiser (SPEC 5: lr 5e-6, 4% warm-up, cosine); see `adamw_optimizer`."""
+    return adamw_optimizer(total_steps, learning_rate, None, warmup_fraction, schedule, end_fraction, weight_decay,
+                           clip_norm, b1, b2)
+
+
+@gin.configurable
+def rl_optimizer(total_steps: int, learning_rate: float = 1e-6, warmup_steps: int = 20, schedule: str = "constant",
+                 end_fraction: float = 0.0, weight_decay: float = 0.0, clip_norm: float | None = 1.0,
+                 b1: float = 0.9, b2: float = 0.999) -> tuple[optax.GradientTransformation, optax.Schedule]:
+    """The RL optimiser (SPEC 5: lr 1e-6, 20 warm-up steps, then constant); see `adamw_optimizer`."""
+    return adamw_optimizer(total_steps, learning_rate, warmup_steps, 0.0, schedule, end_fraction, weight_decay,
+                           clip_norm, b1, b2)

@@ -71,6 +71,13 @@ def test_paper_mode_samples_positives_by_inverse_penalty() -> None:
     np.testing.assert_allclose(counts / 4000, np.array([20, 2, 1]) / 23, atol=0.02)
 
 
+@pytest.mark.parametrize("mode", ["paper", "release"])
+def test_groups_of_one_class_keep_keep_rollouts_of_it(mode: str) -> None:
+    for rewards in (np.zeros(8), np.ones(8)):
+        kept = select_roc(rewards, np.linspace(0, 1.5, 8), 4, mode=mode, seed=1)
+        assert len(kept) == 4 and len(set(kept)) == 4
+
+
 def test_select_roc_refuses_bad_input() -> None:
     with pytest.raises(ValueError, match="binary"):
         select_roc(np.array([0.5, 1.0]), np.zeros(2), 1)

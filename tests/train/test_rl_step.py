@@ -43,7 +43,7 @@ def _rollouts(count: int, seed: int) -> list[Rollout]:
 
 
 def _learner(mesh, rows: int, options: PolicyLossOptions | None = None):
-    optimizer, schedule = adamw_optimizer(10, learning_rate=1e-2, warmup_fraction=0.0, end_fraction=1.0)
+    optimizer, schedule = adamw_optimizer(10, 1e-2, warmup_steps=0, schedule="constant")
     params = jax.tree.map(np.asarray, init_params(CONFIG, jax.random.key(0)))
     state = init_train_state(params, optimizer)
     shardings = train_state_shardings(state, mesh)

@@ -15,7 +15,7 @@ from rstar_jax.model import ModelConfig, init_params, load_hf, save_hf
 from rstar_jax.parallel import make_mesh
 from rstar_jax.train.batching import TokenBatch, batch_indices, bucket_length, make_batch
 from rstar_jax.rl.losses import LOSSES, get_loss, masked_nll, register_loss
-from rstar_jax.train.optim import adamw_optimizer
+from rstar_jax.train.optim import adamw_optimizer, rl_optimizer, sft_optimizer
 from rstar_jax.train.sft import make_sft_step
 from rstar_jax.train.state import init_train_state, train_state_shardings
 
@@ -101,11 +101,24 @@ def test_warmup_cosine_schedule_values() -> None:
     assert float(schedule(55)) == pytest.approx(1e-4 + 0.5 * 9e-4, rel=1e-5)
     assert float(schedule(100)) == pytest.approx(1e-4)
     with pytest.raises(ValueError, match="warmup_fraction"):
-        adamw_optimizer(100, warmup_fraction=1.5)
+        adamw_optimizer(100, 1e-3, warmup_fraction=1.5)
 
 
-def _step_fn(mesh, params, batch_size: int, **optimizer_args):
-    optimizer, schedule = adamw_optimizer(50, **optimizer_args)
+def test_constant_and_linear_schedules_and_the_rl_defaults() -> None:
+    _, constant = rl_optimizer(100)  # SPEC 5: 1e-6 after 20 warm-up steps
+    assert [float(constant(step)) for step in (0, 10, 20, 60, 99)] == pytest.approx([0, 5e-7, 1e-6, 1e-6, 1e-6])
+    _, linear = adamw_optimizer(30, 1e-3, warmup_steps=10, schedule="linear", end_fraction=0.0)
+    assert [float(linear(step)) for step in (5, 10, 20, 30)] == pytest.approx([5e-4, 1e-3, 5e-4, 0.0], abs=1e-9)
+    _, sft = sft_optimizer(100)  # SPEC 5: 5e-6, 4% warm-up, cosine to 0
+    assert float(sft(4)) == pytest.approx(5e-6) and float(sft(100)) == pytest.approx(0.0, abs=1e-12)
+    with pytest.raises(ValueError, match="schedule"):
+        adamw_optimizer(10, 1e-3, schedule="step")
+    with pytest.raises(ValueError, match="warm-up of 50 steps"):
+        rl_optimizer(10, warmup_steps=50)
+
+
+def _step_fn(mesh, params, batch_size: int, learning_rate: float = 5e-6, **optimizer_args):
+    optimizer, schedule = adamw_optimizer(50, learning_rate, **optimizer_args)
     state = init_train_state(params, optimizer)
     shardings = train_state_shardings(state, mesh)
     step = make_sft_step(CONFIG, optimizer, schedule, mesh, shardings, batch_size)

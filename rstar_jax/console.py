@@ -1,0 +1,67 @@
+"""What a person at the console sees while a long command runs: phase lines and progress bars (one helper for
+every entry point, so the demo, SFT, RL and evaluation read alike).
+
+Phases print one line when they start and one with their own duration when they end; long loops show a tqdm bar
+with the step, the figures that matter (loss, accuracy) and the time left. Bars go to stderr and fall back to plain
+lines when stderr is not a terminal (CI logs, files), so logs stay readable.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+import time
+from typing import Iterator
+
+from tqdm.auto import tqdm
+
+
+def say(message: str) -> None:
+    """One line on stdout, flushed at once (so it interleaves correctly with bars and subprocess output)."""
+    print(message, flush=True)
+
+
+@contextlib.contextmanager
+def phase(label: str) -> Iterator[None]:
+    """Print `label ...` now and `label: done in N s` (this phase's own time) when the block ends."""
+    say(f"{label} ...")
+    started = time.monotonic()
+    yield
+    say(f"{label}: done in {time.monotonic() - started:.0f} s")
+
+
+class Progress:
+    """A progress bar over `total` steps (`advance(**figures)` after each); a plain line every `every` steps when
+    stderr is not a terminal."""
+
+    def __init__(self, total: int, label: str, initial: int = 0, every: int = 10) -> None:
+        self._interactive = sys.stderr.isatty()
+        self._every, self._label, self._total = every, label, total
+        self._done, self._started = initial, time.monotonic()
+        self._initial = initial
+        self._bar = tqdm(total=total, initial=initial, desc=label, unit="step", dynamic_ncols=True,
+                         disable=not self._interactive)
+
+    def advance(self, **figures: float | int | str) -> None:
+        """One more step done; `figures` (e.g. loss=0.41) are shown beside the bar."""
+        self._done += 1
+        shown = {name: (f"{value:.4g}" if isinstance(value, float) else value) for name, value in figures.items()}
+        if self._interactive:
+            self._bar.set_postfix(shown, refresh=False)
+            self._bar.update(1)
+        elif self._done % self._every == 0 or self._done == self._total:
+            elapsed = time.monotonic() - self._started
+            rate = (self._done - self._initial) / max(elapsed, 1e-9)
+            left = (self._total - self._done) / rate if rate > 0 else float("nan")
+            details = " ".join(f"{name}={value}" for name, value in shown.items())
+            say(f"  {self._label}: step {self._done}/{self._total} {details} ({elapsed:.0f} s, ~{left:.0f} s left)")
+
+    def close(self) -> None:
+        """Finish the bar."""
+        self._bar.close()
+
+    def __enter__(self) -> "Progress":
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()

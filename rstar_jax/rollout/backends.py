@@ -1,0 +1,119 @@
+"""The rollout engines a training run samples from, chosen by one gin switch (DESIGN "Data flow of one RL step").
+
+`backend="jax"`: in-process `JaxEngine`s (the CPU default) built from the learner's parameters. `backend="vllm"`:
+a fleet of vLLM servers, launched on an HF folder of the learner's current weights (or attached by URL and given
+those weights at once). Either way the run talks to ONE `FailoverEngine` over the engines: rollouts route through
+it and weights are pushed through its `update_weights`, which survives a dead engine (it is marked down and the
+others go on).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import shutil
+from pathlib import Path
+from typing import Sequence
+
+import gin
+
+from rstar_jax.model import ModelConfig, save_hf
+from rstar_jax.model.lm import Params
+from rstar_jax.rollout.jax_engine import JaxEngine
+from rstar_jax.rollout.router import FailoverEngine
+from rstar_jax.rollout.vllm_fleet import VLLMFleet
+from rstar_jax.tokenizers import resolve_tokenizer_path
+
+BACKENDS = ("jax", "vllm")
+
+
+class RolloutEngines:
+    """`engine`, the router every rollout and weight push goes through, and what must be shut down with it."""
+
+    def __init__(self, engine: FailoverEngine, jax_engines: Sequence[JaxEngine] = (),
+                 fleet: VLLMFleet | None = None) -> None:
+        self.engine, self._jax_engines, self._fleet = engine, list(jax_engines), fleet
+
+    @property
+    def backend(self) -> str:
+        """"vllm" or "jax"."""
+        return "vllm" if self._fleet is not None else "jax"
+
+    def close(self) -> None:
+        """Stop the JAX engines' threads and the vLLM servers this process launched."""
+        for engine in self._jax_engines:
+            engine.close()
+        if self._fleet is not None:
+            asyncio.run(self._fleet.aclose())
+            self._fleet.close()
+
+    def __enter__(self) -> "RolloutEngines":
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+
+def write_serving_folder(config: ModelConfig, params: Params, tokenizer: str, folder: Path) -> Path:
+    """An HF folder (weights, config, tokenizer files) that vLLM servers start from."""
+    save_hf((config, params), folder)
+    for source in sorted(resolve_tokenizer_path(tokenizer).iterdir()):
+        if source.is_file():
+            shutil.copy2(source, folder / source.name)
+    return folder
+
+
+@gin.configurable
+@dataclasses.dataclass(frozen=True)
+class RolloutBackend:
+    """Which engines a run samples from (see the module docstring).
+
+    backend "jax": `jax_engines` in-process engines of `slots` x `max_len` tokens each. backend "vllm":
+    `vllm_servers` servers launched on WORK_DIR/serving_model (flags from gin `server_command` / `server_env`; on a CPU
+    box each pinned to its `vllm_per_server_cpus` entry), or the servers at `vllm_urls`, which are sent the weights
+    first.
+    """
+
+    backend: str = "jax"
+    jax_engines: int = 1
+    slots: int = 16
+    max_len: int = 1024
+    vllm_servers: int = 2
+    vllm_urls: tuple[str, ...] = ()
+    vllm_per_server_cpus: tuple[tuple[int, ...], ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.backend not in BACKENDS:
+            raise ValueError(f"unknown rollout backend {self.backend!r}; choose from {BACKENDS}")
+        if min(self.jax_engines, self.slots, self.vllm_servers) < 1 or self.max_len < 2:
+            raise ValueError(f"RolloutBackend needs jax_engines, slots, vllm_servers >= 1 and max_len >= 2, got "
+                             f"{self.jax_engines}, {self.slots}, {self.vllm_servers}, {self.max_len}")
+        object.__setattr__(self, "vllm_urls", tuple(self.vllm_urls))
+        object.__setattr__(self, "vllm_per_server_cpus", tuple(tuple(cpus) for cpus in self.vllm_per_server_cpus))
+
+    @property
+    def token_limit(self) -> int | None:
+        """Tokens one trajectory may hold on these engines (prompt plus response), when known before they start:
+        the JAX engine's slot length (a vLLM server's limit is its own --max-model-len)."""
+        return self.max_len if self.backend == "jax" else None
+
+    def start(self, config: ModelConfig, params: Params, work_dir: str | Path, tokenizer: str) -> RolloutEngines:
+        """Start (or attach to) the engines, serving `params`."""
+        if self.backend == "jax":
+            engines = [JaxEngine(config, params, slots=self.slots, max_len=self.max_len, seed=index)
+                       for index in range(self.jax_engines)]
+            return RolloutEngines(FailoverEngine(engines), jax_engines=engines)
+        if self.vllm_urls:
+            fleet = VLLMFleet.attach(self.vllm_urls, config)
+            asyncio.run(_push_then_close(fleet, params))
+        else:
+            folder = write_serving_folder(config, params, tokenizer, Path(work_dir) / "serving_model")
+            fleet = VLLMFleet.launch(folder, self.vllm_servers, config, per_server_cpus=self.vllm_per_server_cpus)
+        return RolloutEngines(fleet.router, fleet=fleet)
+
+
+async def _push_then_close(fleet: VLLMFleet, params: Params) -> None:
+    try:
+        await fleet.router.update_weights(params, 0)
+    finally:
+        await fleet.aclose()
