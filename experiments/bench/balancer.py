@@ -55,7 +55,7 @@ def run_benchmark(names: Sequence[str], engines: int, profile_name: str, workloa
     if unknown or not names:
         raise ValueError(f"unknown or no policies {unknown or list(names)}; choose from {CHOICES}")
     start = time.perf_counter()
-    context = multiprocessing.get_context("fork")
+    context = multiprocessing.get_context("spawn")  # not fork: the caller may hold threads (JAX in a test run)
     with concurrent.futures.ProcessPoolExecutor(max_workers=max(1, min(workers, len(names))),
                                                 mp_context=context) as pool:
         futures = {name: pool.submit(run_policy, name, engines, profile_name, workload, part_tokens)

@@ -1,6 +1,6 @@
 """The balancer over real JAX engines (SPEC section 6, issue 10): turns queue when the fleet is full and flow again
-as capacity frees, no engine ever holding more than its slots; an engine closed mid-rollout (agent loop, real sandbox, the
-tiny tool-calling model) loses and duplicates nothing, and leaves no reservation behind."""
+as capacity frees, no engine ever holding more than its slots; an engine closed mid-rollout (agent loop, real
+sandbox, the tiny tool-calling model) loses and duplicates nothing, and leaves no reservation behind."""
 
 from __future__ import annotations
 
