@@ -50,7 +50,7 @@ def test_rebuild_is_byte_identical_to_the_committed_folder(tmp_path: Path) -> No
         assert (tmp_path / name).read_bytes() == (TINY_TOKENIZER_DIR / name).read_bytes(), name
 
 
-def test_vocabulary_fits_in_1024_with_control_tokens_special_and_tool_tokens_plain() -> None:
+def test_vocabulary_fits_in_2048_with_control_tokens_special_and_tool_tokens_plain() -> None:
     tokenizer_json = json.loads((TINY_TOKENIZER_DIR / "tokenizer.json").read_text())
     added = {token["content"]: token["special"] for token in tokenizer_json["added_tokens"]}
     assert added == {
@@ -62,7 +62,7 @@ def test_vocabulary_fits_in_1024_with_control_tokens_special_and_tool_tokens_pla
         "<tool_response>": False,
         "</tool_response>": False,
     }
-    assert len(load_tokenizer("tiny")) <= 1024
+    assert len(load_tokenizer("tiny")) <= 2048
 
 
 def _after_system_turn(text: str) -> str:
