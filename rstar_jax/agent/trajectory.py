@@ -24,9 +24,14 @@ ANSWER_TAG = "<answer>"
 
 
 class FinishReason(str, enum.Enum):
-    """Why a trajectory stopped (the four stop rules of SPEC section 2)."""
+    """Why a trajectory stopped (the four stop rules of SPEC section 2).
 
-    NO_TOOL_CALL = "no_tool_call"
+    answered: the model ended a turn without calling the tool, which is how it gives its final answer (whether that
+    turn holds a boxed answer is the verifier's business); max_length: the response budget ran out; max_turns: the
+    turn limit T was reached; tool_response_overflow: the next tool response would not have fitted the budget.
+    """
+
+    ANSWERED = "answered"
     MAX_LENGTH = "max_length"
     MAX_TURNS = "max_turns"
     TOOL_RESPONSE_OVERFLOW = "tool_response_overflow"

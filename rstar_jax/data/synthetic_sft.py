@@ -138,6 +138,11 @@ class AssistantTurn:
         return {"role": "assistant", "content": self.content, "tool_calls": [call]}
 
 
+def final_turn_text(value: str) -> str:
+    """The last assistant turn of a transcript: what the program printed, boxed inside the answer tags."""
+    return f"<reason>The program printed {value}.</reason>\n<answer>\\boxed{{{value}}}</answer>"
+
+
 def assistant_turns(plan: SolutionPlan, outcomes: Sequence[ToolOutcome]) -> list[AssistantTurn]:
     """The assistant turns given the tool's outcome for each of the plan's programs (pure).
 
@@ -151,7 +156,7 @@ def assistant_turns(plan: SolutionPlan, outcomes: Sequence[ToolOutcome]) -> list
         fix = f"The program failed with {_error_name(outcomes[0])}. I fix the code and run it again."
         turns.append(AssistantTurn(f"<reason>{fix}</reason>", calls[1]))
     value = outcomes[-1].stdout.strip()
-    turns.append(AssistantTurn(f"<reason>The program printed {value}.</reason>\n<answer>\\boxed{{{value}}}</answer>"))
+    turns.append(AssistantTurn(final_turn_text(value)))
     return turns
 
 
@@ -177,7 +182,7 @@ def build_transcript(
     builder.add_written_turn(turns[-1].text)
     return SftTranscript(
         problem=plan.task.problem,
-        trajectory=builder.finish(FinishReason.NO_TOOL_CALL),
+        trajectory=builder.finish(FinishReason.ANSWERED),
         faulty_first_call=plan.faulty_code is not None,
     )
 

@@ -109,7 +109,7 @@ class AgentLoop:
             if turn.finish_reason == FINISH_LENGTH:
                 return builder.finish(FinishReason.MAX_LENGTH)
             if not has_tool_call(text):
-                return builder.finish(FinishReason.NO_TOOL_CALL)
+                return builder.finish(FinishReason.ANSWERED)
             if builder.turns >= self.max_turns:
                 return builder.finish(FinishReason.MAX_TURNS)
             outcomes = await asyncio.gather(*(self._run_call(call) for call in parse_tool_calls(text)))

@@ -38,7 +38,7 @@ def _responses(tokenizer, batch: list[Problem], answers: list[str]) -> list[str]
         assert tokenizer.decode(prompt) == prompt_text(tokenizer, problem.question)
         builder = TrajectoryBuilder(tokenizer, prompt)
         builder.add_written_turn(f"<reason>Done.</reason>\n<answer>\\boxed{{{answer}}}</answer>")
-        trajectory = builder.finish(FinishReason.NO_TOOL_CALL)
+        trajectory = builder.finish(FinishReason.ANSWERED)
         assert trajectory.answer_tags == 1
         responses.append(tokenizer.decode(list(trajectory.token_ids[trajectory.prompt_length :])))
     return responses

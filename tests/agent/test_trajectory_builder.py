@@ -67,7 +67,7 @@ def test_piecewise_trajectory_decodes_to_the_chat_and_masks_exactly_the_sampled_
     builder.add_sampled_turn(ids, logprobs)
     sampled_ids += ids
     sampled_logprobs += logprobs
-    trajectory = builder.finish(FinishReason.NO_TOOL_CALL)
+    trajectory = builder.finish(FinishReason.ANSWERED)
 
     messages = prompt_messages(QUESTION) + [
         {
@@ -97,7 +97,7 @@ def test_piecewise_trajectory_decodes_to_the_chat_and_masks_exactly_the_sampled_
     assert trajectory.tool_errors == 1
     assert trajectory.turns == 3
     assert trajectory.answer_tags == 2
-    assert trajectory.finish_reason is FinishReason.NO_TOOL_CALL
+    assert trajectory.finish_reason is FinishReason.ANSWERED
     assert trajectory.response_length == len(trajectory.token_ids) - len(prompt_token_ids(tokenizer, QUESTION))
     assert sampled_turn_texts(trajectory, tokenizer) == [TURN_1 + "<|im_end|>", TURN_2, TURN_3 + "<|im_end|>"]
 
@@ -158,7 +158,7 @@ def test_written_turns_are_trained_on_including_their_end_of_turn() -> None:
     prompt = prompt_token_ids(tokenizer, QUESTION)
     builder = TrajectoryBuilder(tokenizer, prompt)
     written = builder.add_written_turn(TURN_3)
-    trajectory = builder.finish(FinishReason.NO_TOOL_CALL)
+    trajectory = builder.finish(FinishReason.ANSWERED)
     assert trajectory.token_ids[len(prompt) :] == tuple(written)
     assert written[-1] == tokenizer.convert_tokens_to_ids("<|im_end|>")
     assert trajectory.loss_mask == (0,) * len(prompt) + (1,) * len(written)

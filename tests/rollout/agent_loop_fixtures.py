@@ -59,7 +59,7 @@ def transcript(tokenizer: PreTrainedTokenizerBase, question: str, outcome: ToolO
     builder.add_written_turn(tool_call_text(PROGRAM))
     builder.add_tool_responses([outcome])
     builder.add_written_turn(ANSWER_TURN)
-    return builder.finish(FinishReason.NO_TOOL_CALL)
+    return builder.finish(FinishReason.ANSWERED)
 
 
 async def _transcripts(url: str, count: int) -> list[Trajectory]:
@@ -153,7 +153,7 @@ def check_trajectory(trajectory: Trajectory, tokenizer: PreTrainedTokenizerBase,
     responses = TOOL_RESPONSE.findall(context)
     assert context.count("<|im_start|>assistant") == len(responses), "one new assistant turn after each response"
     assert context.count("<tool_response>") == len(responses)
-    if trajectory.finish_reason in (FinishReason.NO_TOOL_CALL, FinishReason.MAX_TURNS):
+    if trajectory.finish_reason in (FinishReason.ANSWERED, FinishReason.MAX_TURNS):
         assert trajectory.token_ids[-1] in tokenizer.convert_tokens_to_ids(["<|im_end|>", "</tool_call>"])
     if trajectory.finish_reason == FinishReason.TOOL_RESPONSE_OVERFLOW:
         assert len(responses) < len(trajectory.tool_calls)

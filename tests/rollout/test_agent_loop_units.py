@@ -68,16 +68,16 @@ def _trajectory(statuses: list[tuple[str, bool]], reason: FinishReason, response
 def test_rollout_stats_count_calls_statuses_and_rates_by_hand():
     problem = Problem("p", "q", "1", "test")
     trajectories = [
-        _trajectory([("ok", True), ("error", False)], FinishReason.NO_TOOL_CALL, 10),
+        _trajectory([("ok", True), ("error", False)], FinishReason.ANSWERED, 10),
         _trajectory([], FinishReason.MAX_LENGTH, 20),
         _trajectory([("unavailable", False)], FinishReason.MAX_TURNS, 5),
-        _trajectory([("ok", True)], FinishReason.NO_TOOL_CALL, 1),
+        _trajectory([("ok", True)], FinishReason.ANSWERED, 1),
     ]
     samples = [RolloutSample(problem, 0, k, k, t) for k, t in enumerate(trajectories)]
     stats = rollout_stats(samples, seconds=2.0)
     assert (stats.trajectories, stats.with_tool_calls, stats.tool_calls, stats.tool_errors) == (4, 3, 4, 2)
     assert stats.response_tokens == 36
-    assert stats.finish_reasons == {"no_tool_call": 2, "max_length": 1, "max_turns": 1}
+    assert stats.finish_reasons == {"answered": 2, "max_length": 1, "max_turns": 1}
     assert stats.tool_statuses == {"ok": 2, "error": 1, "unavailable": 1}
     assert (stats.trajectories_per_s, stats.tool_calls_per_s) == (2.0, 2.0)
     with pytest.raises(ValueError, match="seconds must be positive"):
