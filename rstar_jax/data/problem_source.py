@@ -30,6 +30,7 @@ class ProblemSource:
     seed: int = 0
     difficulty: int = 1
     kinds: tuple[str, ...] = KINDS
+    split: str | None = None
 
     def __post_init__(self) -> None:
         if self.count is not None and self.count < 1:
@@ -41,12 +42,15 @@ class ProblemSource:
     def load(self) -> list[Problem]:
         """The problems, in a fixed order (a missing data set raises FileNotFoundError naming where it looked)."""
         if self.source == SYNTHETIC:
-            return synthetic_problems(self.count, seed=self.seed, difficulty=self.difficulty, kinds=self.kinds)
+            return synthetic_problems(self.count, seed=self.seed, difficulty=self.difficulty, kinds=self.kinds,
+                                      split=self.split)
         problems = list(load_problems(self.source).problems)
         return problems if self.count is None else problems[:self.count]
 
     def describe(self) -> str:
         """One line for logs: what and how many."""
         if self.source == SYNTHETIC:
-            return f"{self.count} synthetic tasks ({', '.join(self.kinds)}; difficulty {self.difficulty}, seed {self.seed})"
+            split = f", {self.split} split" if self.split else ""
+            return (f"{self.count} synthetic tasks ({', '.join(self.kinds)}; difficulty {self.difficulty}, "
+                    f"seed {self.seed}{split})")
         return f"{self.source}" + ("" if self.count is None else f" (first {self.count})")

@@ -3,11 +3,15 @@
 Each task is a `Problem` plus a short correct Python program that prints exactly its answer, so a tiny model can
 learn to solve it by calling the tool (SPEC section 2) and the verifier can check the boxed result (SPEC section 3).
 `difficulty` (1 = easy) scales the numbers; generation is deterministic given (seed, index), so the first N
-problems of a seed never change when more are requested.
+problems of a seed never change when more are requested. `split` keeps training and held-out problems apart by
+construction: a question belongs to one split by a hash of its text, and a task of a split is redrawn until its
+question is in it, so no held-out question can ever appear in a training set, whatever the seeds (some kinds have
+only a few hundred distinct questions at difficulty 1, so disjoint seeds alone would not do).
 """
 
 from __future__ import annotations
 
+import hashlib
 import math
 import random
 from dataclasses import dataclass
@@ -79,15 +83,34 @@ _KIND_BUILDERS: dict[str, Callable[[random.Random, int], _Draft]] = {
     "digit_count": _digit_count,
 }
 KINDS: tuple[str, ...] = tuple(_KIND_BUILDERS)
+SPLITS = ("train", "heldout")
+HELDOUT_SHARE = 8  # one question in 8 is held out
 
 
-def synthetic_task(index: int, seed: int, difficulty: int, kind: str) -> SyntheticTask:
-    """Task number `index` of `seed`: the same arguments always give the same task."""
+def question_split(question: str) -> str:
+    """"heldout" for one question in `HELDOUT_SHARE` (by a hash of its text), else "train"."""
+    digest = hashlib.sha256(question.encode()).digest()
+    return "heldout" if digest[0] % HELDOUT_SHARE == 0 else "train"
+
+
+def _draft_in_split(index: int, seed: int, difficulty: int, kind: str, split: str | None) -> _Draft:
+    for attempt in range(10_000):
+        name = f"{seed}:{index}:{kind}:{difficulty}" + (f":{attempt}" if attempt else "")
+        draft = _KIND_BUILDERS[kind](random.Random(name), difficulty)
+        if split is None or question_split(draft.question) == split:
+            return draft
+    raise RuntimeError(f"no {split} question of kind {kind!r} in 10,000 draws")
+
+
+def synthetic_task(index: int, seed: int, difficulty: int, kind: str, split: str | None = None) -> SyntheticTask:
+    """Task number `index` of `seed` (in `split` when given): the same arguments always give the same task."""
     if kind not in _KIND_BUILDERS:
         raise ValueError(f"unknown synthetic task kind {kind!r}; choose from {KINDS}")
     if not isinstance(difficulty, int) or difficulty < 1:
         raise ValueError(f"difficulty must be an integer >= 1, got {difficulty!r}")
-    draft = _KIND_BUILDERS[kind](random.Random(f"{seed}:{index}:{kind}:{difficulty}"), difficulty)
+    if split is not None and split not in SPLITS:
+        raise ValueError(f"unknown split {split!r}; choose from {SPLITS} or None")
+    draft = _draft_in_split(index, seed, difficulty, kind, split)
     problem = Problem(
         id=f"{SOURCE}/{kind}/d{difficulty}/s{seed}/{index}",
         question=draft.question,
@@ -99,14 +122,15 @@ def synthetic_task(index: int, seed: int, difficulty: int, kind: str) -> Synthet
 
 @gin.configurable
 def synthetic_tasks(
-    count: int, seed: int = 0, difficulty: int = 1, kinds: Sequence[str] = KINDS
+    count: int, seed: int = 0, difficulty: int = 1, kinds: Sequence[str] = KINDS, split: str | None = None
 ) -> list[SyntheticTask]:
-    """`count` tasks cycling through `kinds` (issue 4.5); deterministic by seed, harder with `difficulty`."""
+    """`count` tasks cycling through `kinds` (issue 4.5); deterministic by seed, harder with `difficulty`; only
+    questions of `split` ("train" / "heldout") when given."""
     if count < 0:
         raise ValueError(f"count must be >= 0, got {count}")
     if not kinds:
         raise ValueError("kinds must name at least one synthetic task kind")
-    return [synthetic_task(index, seed, difficulty, kinds[index % len(kinds)]) for index in range(count)]
+    return [synthetic_task(index, seed, difficulty, kinds[index % len(kinds)], split) for index in range(count)]
 
 
 def synthetic_problems(count: int, **task_options: object) -> list[Problem]:
