@@ -9,33 +9,21 @@ transformers, in vLLM and through `rstar_jax.model.load_hf`.
 from __future__ import annotations
 
 import argparse
-import json
-import shutil
 from pathlib import Path
 from typing import Sequence
 
 import jax
 
 from rstar_jax.gin_setup import parse_gin
-from rstar_jax.model import CausalLM, ModelConfig, init_params, save_hf
-from rstar_jax.tokenizers import resolve_tokenizer_path
+from rstar_jax.model import CausalLM
+from rstar_jax.model.folder import seeded_model
 
 TINY_MODEL_GIN = "model/tiny.gin"
 
 
 def make_tiny_model(out: str | Path, seed: int = 0, tokenizer: str = "tiny") -> CausalLM:
     """Build the gin-configured model from `seed`, write it and `tokenizer`'s files to `out`; returns the model."""
-    config = ModelConfig()
-    model = CausalLM(config, init_params(config, jax.random.key(seed)))
-    out = Path(out)
-    save_hf(model, out)
-    for source in sorted(resolve_tokenizer_path(tokenizer).iterdir()):
-        if source.is_file():
-            shutil.copyfile(source, out / source.name)
-    generation = {"eos_token_id": config.eos_token_id, "pad_token_id": config.pad_token_id,
-                  "bos_token_id": config.bos_token_id}
-    (out / "generation_config.json").write_text(json.dumps(generation, indent=2) + "\n")
-    return model
+    return seeded_model(out, seed, tokenizer)
 
 
 def main(argv: Sequence[str] | None = None) -> None:

@@ -19,10 +19,15 @@ import gin
 from transformers import PreTrainedTokenizerBase
 
 from rstar_jax.agent.prompt import prompt_token_ids
+from rstar_jax.agent.tool_response import format_tool_response
 from rstar_jax.data.synthetic import synthetic_tasks
 from rstar_jax.data.synthetic_sft import SftTranscript, sft_transcripts
+from sandbox_server.api import ToolResult
 from sandbox_server.client import SandboxClient
 from sandbox_server.launcher import running_server
+
+
+_PROBE_OUTCOME = ToolResult("ok", "42\n", "", 0, 12.0)
 
 
 @dataclass(frozen=True)
@@ -41,16 +46,19 @@ def sandbox_transcripts(count: int, seed: int, tokenizer: PreTrainedTokenizerBas
 
     async def generate(url: str) -> list[SftTranscript]:
         async with SandboxClient([url]) as client:
-            return await sft_transcripts(synthetic_tasks(count, seed=seed), client, tokenizer, seed=seed)
+            return await sft_transcripts(synthetic_tasks(count, seed=seed, split="train"), client, tokenizer,
+                                         seed=seed)
 
     with running_server(tuple(server_args)) as server:
         return asyncio.run(generate(server.url))
 
 
 def cache_key(count: int, seed: int, tokenizer: PreTrainedTokenizerBase) -> dict[str, Any]:
-    """What decides a transcript set's ids: count, seed and the prompt rendering (system prompt, tokenizer)."""
-    probe = prompt_token_ids(tokenizer, "What is 1 + 1?")
-    return {"count": count, "seed": seed, "prompt_sha256": hashlib.sha256(json.dumps(probe).encode()).hexdigest()}
+    """What decides a transcript set's ids: count, seed, the training split, the prompt rendering (system prompt,
+    tokenizer) and the tool-response layout."""
+    probe = prompt_token_ids(tokenizer, "What is 1 + 1?") + tokenizer.encode(format_tool_response(_PROBE_OUTCOME))
+    return {"count": count, "seed": seed, "split": "train",
+            "prompt_sha256": hashlib.sha256(json.dumps(probe).encode()).hexdigest()}
 
 
 def write_sequences(path: Path, key: dict[str, Any], sequences: Sequence[TrainingSequence]) -> None:

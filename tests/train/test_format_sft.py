@@ -11,6 +11,7 @@ import pytest
 from experiments.sft import DEFAULT_GIN
 from rstar_jax.gin_setup import parse_gin
 from rstar_jax.train.format_probe import calls_parse, probe_format
+from rstar_jax.train.metrics import read_metrics
 
 CALL = ('<tool_call>\n{"name": "execute_python_code_with_standard_io", '
         '"arguments": {"code": "print(1)", "input": ""}}\n</tool_call>')
@@ -25,8 +26,7 @@ def test_calls_parse_needs_every_call_to_parse() -> None:
 
 @pytest.mark.slow
 def test_sft_model_calls_the_tool_on_new_problems(sft_model_dir: Path) -> None:
-    metrics = json.loads((sft_model_dir.parent / "metrics.json").read_text())
-    losses = [entry["loss"] for entry in metrics["log"]]
+    losses = [entry["loss"] for entry in read_metrics(sft_model_dir.parent / "metrics.jsonl")]
     assert losses[-1] < 0.25 * losses[0], losses
     parse_gin([DEFAULT_GIN])  # the SFT's prompt wording
     try:

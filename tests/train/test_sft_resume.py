@@ -1,4 +1,5 @@
-"""experiments.sft end to end on a shrunken model: real sandbox transcripts, checkpoints, a killed run resumed."""
+"""The format SFT end to end on a shrunken model: copy drills, real sandbox transcripts, composite checkpoints of the
+train state and the data iterator, and a run stopped mid-way resumed to bit-identical weights."""
 
 from __future__ import annotations
 
@@ -11,16 +12,19 @@ import pytest
 from safetensors.numpy import load_file
 
 from experiments.make_tiny_model import TINY_MODEL_GIN
-from experiments.sft import DEFAULT_GIN, train_sft
+from experiments.sft import DEFAULT_GIN
 from rstar_jax.gin_setup import parse_gin
+from rstar_jax.train.metrics import read_metrics
+from rstar_jax.train.sft_run import train_sft
 
 pytestmark = pytest.mark.slow
 
 SMALL_RUN = [
     "ModelConfig.hidden_size = 64", "ModelConfig.intermediate_size = 128", "ModelConfig.num_layers = 2",
     "ModelConfig.num_heads = 2", "ModelConfig.num_kv_heads = 1",
-    "train_sft.steps = 6", "train_sft.batch_size = 4", "train_sft.num_transcripts = 8",
-    "checkpoint_manager.save_every = 2", "bucket_length.multiple = 256",
+    "train_sft.drill_steps = 2", "train_sft.drill_batch_size = 4", "train_sft.steps = 6",
+    "train_sft.batch_size = 4", "train_sft.num_transcripts = 8", "train_sft.save_every = 2",
+    "bucket_length.multiple = 256",
 ]
 
 
@@ -41,15 +45,17 @@ def test_killed_run_resumes_to_bit_identical_params(tmp_path: Path, small_sft_co
 
     interrupted.mkdir()
     shutil.copyfile(whole / "transcripts.jsonl", interrupted / "transcripts.jsonl")  # the cache: no sandbox rerun
-    assert train_sft(interrupted, stop_at_step=5) is None  # dies after step 5; last checkpoint: step 4
-    assert sorted(p.name for p in (interrupted / "checkpoints").iterdir() if p.name.isdigit())[-1] == "4"
+    assert train_sft(interrupted, stop_at_step=7) is None  # dies after step 7; last checkpoint: step 6
+    assert sorted(p.name for p in (interrupted / "checkpoints").iterdir() if p.name.isdigit())[-1] == "6"
     assert train_sft(interrupted) == interrupted / "model"
 
-    metrics = json.loads((interrupted / "metrics.json").read_text())
-    reference = json.loads((whole / "metrics.json").read_text())
-    assert metrics["resumed_from_step"] == 4 and reference["resumed_from_step"] == 0
-    assert [e["step"] for e in metrics["log"]] == list(range(1, 7))
-    assert [e["loss"] for e in metrics["log"]] == [e["loss"] for e in reference["log"]]
+    summary = json.loads((interrupted / "summary.json").read_text())
+    assert summary["resumed_from_step"] == 6 and json.loads((whole / "summary.json").read_text())[
+        "resumed_from_step"] == 0
+    log, reference = read_metrics(interrupted / "metrics.jsonl"), read_metrics(whole / "metrics.jsonl")
+    assert [e["step"] for e in log] == list(range(1, 9))
+    assert [e["phase"] for e in log] == ["short"] * 2 + ["transcripts"] * 6
+    assert [e["loss"] for e in log] == [e["loss"] for e in reference]
     resumed, uninterrupted = load_file(interrupted / "model" / "model.safetensors"), load_file(
         model_dir / "model.safetensors")
     assert resumed.keys() == uninterrupted.keys()

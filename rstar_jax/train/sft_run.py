@@ -1,0 +1,147 @@
+"""Format SFT of the demo model as a resumable run (SPEC section 5, scaled to 2 CPU cores).
+
+Two phases on one optimiser schedule:
+1. short sequences: copy drills (`rstar_jax.data.copy_drills`: questions with their programs, outputs with the
+   answers that repeat them) mixed with transcripts cut after the system turn, so the model learns to copy numbers
+   and the turns' layout on sequences a quarter as long;
+2. whole transcripts (`rstar_jax.train.sft_data`): agent-format chats of the synthetic tool tasks with the real
+   sandbox server's outputs, system prompt and tool schema included, as rollouts will see them.
+Drill batches are a pure function of the step; transcripts come from grain iterators. Every `save_every` steps one
+orbax Composite checkpoint holds the TrainState and both iterators, so a killed run started again with the same
+folder resumes and ends with bit-identical parameters. Metrics go through the shared `MetricsWriter`.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Sequence
+
+import gin
+import grain
+import jax
+import orbax.checkpoint as ocp
+
+from rstar_jax.console import Progress, say
+from rstar_jax.data.copy_drills import copy_drill_ids
+from rstar_jax.model.folder import save_model_folder, seeded_model
+from rstar_jax.parallel import make_mesh
+from rstar_jax.tokenizers import load_tokenizer
+from rstar_jax.tokenizers.special_tokens import IM_START
+from rstar_jax.train.batching import make_batch
+from rstar_jax.train.metrics import MetricsWriter
+from rstar_jax.train.optim import sft_optimizer
+from rstar_jax.train.sft import make_sft_step
+from rstar_jax.train.sft_data import TrainingSequence, cached_sft_sequences
+from rstar_jax.train.state import TrainState, init_train_state, train_state_shardings
+
+MODEL_DIR, SUMMARY_FILE, TRANSCRIPTS_FILE, CHECKPOINT_DIR = "model", "summary.json", "transcripts.jsonl", "checkpoints"
+
+
+def transcript_batches(sequences: Sequence[TrainingSequence], batch_size: int, seed: int) -> grain.DatasetIterator:
+    """Batches (lists) of transcripts in seeded epochs, forever; its state goes into the checkpoints."""
+    dataset = grain.MapDataset.source(list(sequences)).shuffle(seed=seed).repeat(None)
+    return iter(dataset.to_iter_dataset().batch(batch_size, batch_fn=list))
+
+
+def drill_batch(step: int, batch_size: int, tokenizer: object, seed: int, snippets: int) -> list[TrainingSequence]:
+    """The copy drills of drill step `step`: drills step * batch_size ... + batch_size - 1 of `seed`."""
+    drills = [copy_drill_ids(step * batch_size + row, tokenizer, seed, snippets) for row in range(batch_size)]
+    return [TrainingSequence(ids, (1,) * len(ids)) for ids in drills]
+
+
+def without_system_turn(sequence: TrainingSequence, im_start_id: int) -> TrainingSequence:
+    """The transcript from its user turn on: the system prompt and tool schema (the same for every transcript and
+    most of its length) cut off."""
+    starts = [index for index, token in enumerate(sequence.token_ids) if token == im_start_id]
+    if len(starts) < 2:
+        raise ValueError("a transcript must hold a system turn and a user turn")
+    return TrainingSequence(sequence.token_ids[starts[1]:], sequence.loss_mask[starts[1]:])
+
+
+def _save(manager: ocp.CheckpointManager, state: TrainState, iterators: dict[str, grain.DatasetIterator]) -> None:
+    items = {name: grain.checkpoint.CheckpointSave(iterator) for name, iterator in iterators.items()}
+    manager.save(int(state.step), args=ocp.args.Composite(state=ocp.args.StandardSave(state), **items), force=True)
+
+
+def _restore(manager: ocp.CheckpointManager, like: TrainState, shardings: TrainState,
+             iterators: dict[str, grain.DatasetIterator]) -> TrainState | None:
+    step = manager.latest_step()
+    if step is None:
+        return None
+    target = jax.tree.map(lambda leaf, sharding: jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=sharding),
+                          like, shardings)
+    items = {name: grain.checkpoint.CheckpointRestore(iterator) for name, iterator in iterators.items()}
+    restored = manager.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore(target), **items))
+    return restored["state"]
+
+
+@gin.configurable
+def train_sft(out: str | Path, steps: int = 100, batch_size: int = 16, num_transcripts: int = 256,
+              drill_steps: int = 0, drill_batch_size: int = 16, short_batch_size: int = 0, drill_snippets: int = 3,
+              data_seed: int = 0, model_seed: int = 0, tokenizer: str = "tiny", save_every: int = 25,
+              stop_at_step: int | None = None) -> Path | None:
+    """Run (or resume) the format SFT into `out`; returns the trained HF folder, or None when stopped early.
+
+    `drill_steps` steps of `drill_batch_size` copy drills plus `short_batch_size` transcripts without their system
+    turn come first, then `steps` steps of `batch_size` whole transcripts (of `num_transcripts`, generated once
+    against a sandbox server and cached in OUT/transcripts.jsonl).
+    `stop_at_step` ends the run after that step without saving anything more, exactly as if it were killed there.
+    Writes OUT/model/, OUT/metrics.jsonl, OUT/tensorboard/, OUT/summary.json and OUT/checkpoints/.
+    """
+    if min(steps, batch_size, num_transcripts, drill_batch_size, save_every) < 1 or min(drill_steps,
+                                                                                          short_batch_size) < 0:
+        raise ValueError(f"train_sft needs steps, batch sizes, num_transcripts and save_every >= 1 and drill_steps "
+                         f">= 0, got {steps}, {batch_size}/{drill_batch_size}, {num_transcripts}, {save_every}, "
+                         f"{drill_steps}")
+    out = Path(out)
+    started = time.monotonic()
+    model = seeded_model(out / MODEL_DIR, model_seed, tokenizer)
+    token_source = load_tokenizer(tokenizer)
+    sequences = cached_sft_sequences(out / TRANSCRIPTS_FILE, num_transcripts, data_seed, token_source)
+    total = drill_steps + steps
+    optimizer, schedule = sft_optimizer(total)
+    mesh = make_mesh()
+    initial = init_train_state(model.params, optimizer)
+    shardings = train_state_shardings(initial, mesh)
+    manager = ocp.CheckpointManager((out / CHECKPOINT_DIR).absolute(),
+                                    options=ocp.CheckpointManagerOptions(max_to_keep=2, create=True))
+    short = [without_system_turn(sequence, token_source.convert_tokens_to_ids(IM_START)) for sequence in sequences]
+    iterators = {"transcripts": transcript_batches(sequences, batch_size, data_seed),
+                 "short_transcripts": transcript_batches(short, max(short_batch_size, 1), data_seed + 1)}
+    restored = _restore(manager, initial, shardings, iterators)
+    state = jax.device_put(initial, shardings) if restored is None else restored
+    start = int(state.step)
+    if start:
+        say(f"SFT: resuming {out} after step {start} of {total}")
+    steps_for = {size: make_sft_step(model.config, optimizer, schedule, mesh, shardings, size)
+                 for size in {batch_size, drill_batch_size + short_batch_size}}
+    pad_id = model.config.pad_token_id or 0
+    with MetricsWriter(out, resume_step=start) as writer, Progress(total, "SFT", initial=start) as progress:
+        for step in range(start, total):
+            drilling = step < drill_steps
+            if drilling:
+                rows = drill_batch(step, drill_batch_size, token_source, data_seed, drill_snippets)
+                rows += next(iterators["short_transcripts"]) if short_batch_size else []
+            else:
+                rows = next(iterators["transcripts"])
+            batch = make_batch(rows, pad_id)
+            state, metrics = steps_for[len(rows)](state, batch)
+            values = {name: float(value) for name, value in jax.device_get(metrics).items()}
+            writer.write(step + 1, {"phase": "short" if drilling else "transcripts", "seq_len": batch.shape[1],
+                                    **values})
+            progress.advance(phase="short" if drilling else "transcripts", loss=values["loss"])
+            if stop_at_step is not None and step + 1 >= stop_at_step:
+                manager.wait_until_finished()
+                return None
+            if (step + 1) % save_every == 0:
+                _save(manager, state, iterators)
+        manager.wait_until_finished()
+        log = writer.entries
+    save_model_folder(model.config, state.params, out / MODEL_DIR, tokenizer)
+    summary = {"steps": total, "drill_steps": drill_steps, "resumed_from_step": start,
+               "num_transcripts": len(sequences), "total_seconds": time.monotonic() - started,
+               "first_loss": log[0]["loss"], "final_loss": log[-1]["loss"]}
+    (out / SUMMARY_FILE).write_text(json.dumps(summary, indent=1) + "\n")
+    return out / MODEL_DIR
