@@ -11,14 +11,40 @@ from __future__ import annotations
 import contextlib
 import sys
 import time
-from typing import Iterator
+from pathlib import Path
+from typing import Iterator, TextIO
 
 from tqdm.auto import tqdm
 
 
+_LOG_FILES: list[TextIO] = []
+
+
 def say(message: str) -> None:
-    """One line on stdout, flushed at once (so it interleaves correctly with bars and subprocess output)."""
+    """One line on stdout, flushed at once (so it interleaves correctly with bars and subprocess output), and in
+    the log file when one is open (`log_to`)."""
     print(message, flush=True)
+    _write_logs(message)
+
+
+def _write_logs(message: str) -> None:
+    for handle in _LOG_FILES:
+        handle.write(message + "\n")
+        handle.flush()
+
+
+@contextlib.contextmanager
+def log_to(path: str | Path) -> Iterator[Path]:
+    """Copy every `say` line (phases and progress included) to `path` while inside; prints the path once."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("a") as handle:
+        _LOG_FILES.append(handle)
+        say(f"log: {path}")
+        try:
+            yield path
+        finally:
+            _LOG_FILES.remove(handle)
 
 
 @contextlib.contextmanager
@@ -49,12 +75,16 @@ class Progress:
         if self._interactive:
             self._bar.set_postfix(shown, refresh=False)
             self._bar.update(1)
-        elif self._done % self._every == 0 or self._done == self._total:
+        if self._done % self._every == 0 or self._done == self._total:
             elapsed = time.monotonic() - self._started
             rate = (self._done - self._initial) / max(elapsed, 1e-9)
             left = (self._total - self._done) / rate if rate > 0 else float("nan")
             details = " ".join(f"{name}={value}" for name, value in shown.items())
-            say(f"  {self._label}: step {self._done}/{self._total} {details} ({elapsed:.0f} s, ~{left:.0f} s left)")
+            line = f"  {self._label}: step {self._done}/{self._total} {details} ({elapsed:.0f} s, ~{left:.0f} s left)"
+            if self._interactive:  # the bar shows it on the terminal; the log file still gets the line
+                _write_logs(line)
+            else:
+                say(line)
 
     def close(self) -> None:
         """Finish the bar."""

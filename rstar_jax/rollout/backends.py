@@ -11,18 +11,17 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import shutil
 from pathlib import Path
 from typing import Sequence
 
 import gin
 
-from rstar_jax.model import ModelConfig, save_hf
+from rstar_jax.model import ModelConfig
+from rstar_jax.model.folder import save_model_folder
 from rstar_jax.model.lm import Params
 from rstar_jax.rollout.jax_engine import JaxEngine
 from rstar_jax.rollout.router import FailoverEngine
 from rstar_jax.rollout.vllm_fleet import VLLMFleet
-from rstar_jax.tokenizers import resolve_tokenizer_path
 
 BACKENDS = ("jax", "vllm")
 
@@ -39,12 +38,16 @@ class RolloutEngines:
         """"vllm" or "jax"."""
         return "vllm" if self._fleet is not None else "jax"
 
+    async def aclose(self) -> None:
+        """Close the HTTP sessions opened in the running event loop (call it before that loop ends)."""
+        if self._fleet is not None:
+            await self._fleet.aclose()
+
     def close(self) -> None:
         """Stop the JAX engines' threads and the vLLM servers this process launched."""
         for engine in self._jax_engines:
             engine.close()
         if self._fleet is not None:
-            asyncio.run(self._fleet.aclose())
             self._fleet.close()
 
     def __enter__(self) -> "RolloutEngines":
@@ -52,15 +55,6 @@ class RolloutEngines:
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()
-
-
-def write_serving_folder(config: ModelConfig, params: Params, tokenizer: str, folder: Path) -> Path:
-    """An HF folder (weights, config, tokenizer files) that vLLM servers start from."""
-    save_hf((config, params), folder)
-    for source in sorted(resolve_tokenizer_path(tokenizer).iterdir()):
-        if source.is_file():
-            shutil.copy2(source, folder / source.name)
-    return folder
 
 
 @gin.configurable
@@ -107,7 +101,7 @@ class RolloutBackend:
             fleet = VLLMFleet.attach(self.vllm_urls, config)
             asyncio.run(_push_then_close(fleet, params))
         else:
-            folder = write_serving_folder(config, params, tokenizer, Path(work_dir) / "serving_model")
+            folder = save_model_folder(config, params, Path(work_dir) / "serving_model", tokenizer)
             fleet = VLLMFleet.launch(folder, self.vllm_servers, config, per_server_cpus=self.vllm_per_server_cpus)
         return RolloutEngines(fleet.router, fleet=fleet)
 

@@ -12,6 +12,7 @@ rerun with the same command continues exactly as the uninterrupted run would hav
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import time
 from pathlib import Path
@@ -259,8 +260,12 @@ class RLTrainer:
         return restore_rl_checkpoint(self.manager, record.step, self._initial, self.shardings, iterator,
                                      reference_like)
 
-    def run(self, sandbox_urls: Sequence[str]) -> Params:
-        """Train (or resume) every stage; returns the final parameters (host arrays)."""
+    def run(self, sandbox_urls: Sequence[str], engines: RolloutEngines | None = None) -> Params:
+        """Train (or resume) every stage; returns the final parameters (host arrays).
+
+        Rollouts run on `engines` when given (they are sent the run's current weights first and left running),
+        else on engines the configured `RolloutBackend` starts for the run and stops after it.
+        """
         settings = self.settings
         record = latest_record(self.manager)
         if record is not None and record.seed != settings.seed:
@@ -276,17 +281,33 @@ class RLTrainer:
             return jax.device_get(state.params)
         if start:
             say(f"RL: resuming {self.run_dir} after step {start} of {settings.total_steps}")
-        with MetricsWriter(self.run_dir, resume_step=start) as writer, \
-                self.backend.start(self.config, jax.device_get(state.params), self.run_dir,
-                                   self.tokenizer_name) as engines:
+        with contextlib.ExitStack() as stack:
+            writer = stack.enter_context(MetricsWriter(self.run_dir, resume_step=start))
+            if engines is None:
+                engines = stack.enter_context(self.backend.start(self.config, jax.device_get(state.params),
+                                                                 self.run_dir, self.tokenizer_name))
+                push_first = False
+            else:
+                push_first = True
             state = asyncio.run(self._loop(engines, sandbox_urls, writer, state, reference, iterator, start,
-                                           stage_index, kept))
+                                           stage_index, kept, push_first))
         return jax.device_get(state.params)
 
     async def _loop(self, engines: RolloutEngines, sandbox_urls: Sequence[str], writer: MetricsWriter,
                     state: TrainState, reference: Params | None, iterator: Any, start: int, stage_index: int,
-                    kept: dict[int, list[str]]) -> TrainState:
-        settings, engine = self.settings, engines.engine
+                    kept: dict[int, list[str]], push_first: bool) -> TrainState:
+        try:
+            return await self._steps(engines.engine, sandbox_urls, writer, state, reference, iterator, start,
+                                     stage_index, kept, push_first)
+        finally:
+            await engines.aclose()
+
+    async def _steps(self, engine: GenerationEngine, sandbox_urls: Sequence[str], writer: MetricsWriter,
+                     state: TrainState, reference: Params | None, iterator: Any, start: int, stage_index: int,
+                     kept: dict[int, list[str]], push_first: bool) -> TrainState:
+        settings = self.settings
+        if push_first:
+            await engine.update_weights(state.params, start)
         async with SandboxClient(list(sandbox_urls)) as sandbox:
             executor = TimedExecutor(sandbox)
             with Progress(settings.total_steps, "RL", initial=start, every=1) as progress:

@@ -1,0 +1,61 @@
+"""Text a person reads at the end of a run: the before/after comparison and one trajectory shown in full.
+
+Pure formatting of `EvalResult`s (SPEC 7's figures: accuracy, and SPEC 4's tool-error ratio among correct
+trajectories), so the demo, evaluation and ablation scripts print the same table.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+from rstar_jax.agent.trajectory import sampled_turn_texts
+from rstar_jax.eval.agentic import EvalResult
+from rstar_jax.reward.extraction import extract_final_answer
+
+ROWS = (
+    ("accuracy", "sampled", "accuracy at T=1 (avg@k: share of the k samples per problem that verify)"),
+    ("pass_at_k", "sampled", "pass@k at T=1 (problems with at least one verified sample)"),
+    ("accuracy", "greedy", "accuracy, greedy"),
+    ("tool_error_ratio_correct", "sampled", "tool-error ratio in correct trajectories (failed / all calls)"),
+    ("tool_error_ratio_all", "sampled", "tool-error ratio in all trajectories"),
+    ("tool_calls", "sampled", "tool calls per trajectory"),
+    ("response_length", "sampled", "response length (tokens after the prompt)"),
+)
+
+
+def comparison_table(before: Mapping[str, EvalResult], after: Mapping[str, EvalResult],
+                     labels: tuple[str, str] = ("after SFT", "after RL")) -> str:
+    """A fixed-width table of the ROWS figures before and after (rows missing from either side are skipped)."""
+    width = max(len(description) for _, _, description in ROWS)
+    lines = [f"{'':{width}}  {labels[0]:>10}  {labels[1]:>10}"]
+    for key, mode, description in ROWS:
+        if mode not in before or mode not in after:
+            continue
+        values = [result[mode].summary[key] for result in (before, after)]
+        shown = [f"{100 * v:9.1f}%" if "ratio" in key or "accuracy" in key or "pass" in key else f"{v:10.1f}"
+                 for v in values]
+        lines.append(f"{description:{width}}  {shown[0]}  {shown[1]}")
+    sampled = after.get("sampled")
+    if sampled is not None:
+        summary = sampled.summary
+        lines.append(f"({summary['problems']} held-out problems x {summary['samples']} samples; finish reasons "
+                     f"after RL: {_reasons(summary['finish_reasons'])})")
+    return "\n".join(lines)
+
+
+def _reasons(counts: Mapping[str, int]) -> str:
+    meaning = {"answered": "ended a turn without a tool call", "max_length": "ran out of tokens",
+               "max_turns": "hit the turn limit", "tool_response_overflow": "a tool response would not fit"}
+    return "; ".join(f"{count} {name} ({meaning.get(name, name)})" for name, count in sorted(counts.items()))
+
+
+def example_text(result: EvalResult, tokenizer: Any) -> str:
+    """One trajectory in full (a verified one when there is one): problem, reference, the model's answer, the text."""
+    index = next((i for i, ok in enumerate(result.correct) if ok), 0)
+    sample = result.samples[index]
+    answer = extract_final_answer("\n".join(sampled_turn_texts(sample.trajectory, tokenizer)))
+    trajectory = sample.trajectory
+    header = (f"example trajectory ({'verified' if result.correct[index] else 'not verified'}, "
+              f"finish: {trajectory.finish_reason.value}):\n  problem: {sample.problem.question}\n"
+              f"  reference answer: {sample.problem.answer}\n  model's answer: {answer}")
+    return header + "\n" + tokenizer.decode(list(trajectory.token_ids[trajectory.prompt_length:]))

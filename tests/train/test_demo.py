@@ -1,0 +1,45 @@
+"""The main job's wiring (experiments/demo.py) on a shrunken run: SFT, held-out evaluation, GRPO-RoC, evaluation,
+the comparison and its files. (The full-size demo's figures are in the README and BENCHMARKS.md.)"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.slow
+REPO_ROOT = Path(__file__).resolve().parents[2]
+SHRUNKEN = [
+    "ModelConfig.hidden_size = 64", "ModelConfig.intermediate_size = 128", "ModelConfig.num_layers = 2",
+    "ModelConfig.num_heads = 2", "ModelConfig.num_kv_heads = 1",
+    "train_sft.drill_steps = 2", "train_sft.steps = 3", "train_sft.num_transcripts = 8", "train_sft.batch_size = 4",
+    "RLSettings.stages = [@easy/Stage()]", "easy/Stage.steps = 1", "RLSettings.prompts_per_step = 2",
+    "HeldOutEval.problems = @small/ProblemSource()", "small/ProblemSource.source = 'synthetic'",
+    "small/ProblemSource.count = 4", "small/ProblemSource.split = 'heldout'", "HeldOutEval.samples = 2",
+]
+
+
+def test_the_demo_runs_every_phase_and_reports_the_comparison(tmp_path: Path) -> None:
+    out = tmp_path / "demo"
+    command = [sys.executable, "-m", "experiments.demo", "--out", str(out),
+               *(arg for param in SHRUNKEN for arg in ("--gin_param", param))]
+    result = subprocess.run(command, cwd=REPO_ROOT, env={**os.environ, "XLA_FLAGS": ""}, capture_output=True,
+                            text=True, timeout=1500)
+    assert result.returncode == 0, f"{result.stdout[-4000:]}\n{result.stderr[-4000:]}"
+    lines = result.stdout.splitlines()
+    assert lines[0] == f"log: {out / 'demo.log'}"
+    for label in ("[1/4] format SFT", "[2/4] held-out evaluation", "[3/4] GRPO-RoC", "[4/4] held-out evaluation"):
+        assert any(line.startswith(label) and ": done in" in line for line in lines), label
+    assert "accuracy at T=1" in result.stdout and "reference answer:" in result.stdout
+    summary = json.loads((out / "demo_summary.json").read_text())
+    for when in ("after_sft", "after_rl"):
+        sampled = summary[when]["sampled"]
+        assert sampled["problems"] == 4 and sampled["samples"] == 2
+        assert sum(sampled["finish_reasons"].values()) == 8
+        assert summary[when]["greedy"]["samples"] == 1
+    assert (out / "rl" / "metrics.jsonl").is_file() and (out / "rl" / "model" / "config.json").is_file()
+    assert (out / "operative_config.gin").is_file() and (out / "demo.log").read_text().count("[3/4]") == 2
