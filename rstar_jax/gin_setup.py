@@ -11,7 +11,8 @@ from typing import Sequence
 
 import gin
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+from rstar_jax.paths import REPO_ROOT
+
 GIN_DIR = REPO_ROOT / "gin"
 
 

@@ -15,11 +15,10 @@ from collections.abc import Callable
 
 from rstar_jax.data import loaders
 from rstar_jax.data.problem import LoadedProblems
+from rstar_jax.paths import DATA_DIR_ENV, shared_data_dir
 
 _log = logging.getLogger(__name__)
 
-DATA_DIR_ENV = "RSTAR_DATA_DIR"
-_REPO_ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -43,12 +42,6 @@ DATASETS: dict[str, _Dataset] = {
         "train/math/math.json", lambda path, source: loaders.load_json_list(path, loaders.parse_math_train_row, source)
     ),
 }
-
-
-def shared_data_dir() -> pathlib.Path:
-    """The directory named data sets live in: `$RSTAR_DATA_DIR`, else the repository's `../shared/data`."""
-    override = os.environ.get(DATA_DIR_ENV)
-    return pathlib.Path(override) if override else _REPO_ROOT.parent / "shared" / "data"
 
 
 def _first_jsonl_row(path: pathlib.Path) -> dict:

@@ -23,10 +23,10 @@ from typing import Any, Sequence
 
 import gin
 
+from rstar_jax.paths import REPO_ROOT
 from rstar_jax.rollout.vllm_worker_extension import EXTENSION_QUALNAME
 from sandbox_server.launcher import free_port
 
-_REPO_ROOT = Path(__file__).resolve().parents[2]
 _DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # health checks never go through a proxy
 
 
@@ -102,7 +102,7 @@ def server_env(extra_env: dict[str, str] | None = None) -> dict[str, str]:
     on PYTHONPATH (for the worker extension), plus `extra_env` (e.g. {"VLLM_CPU_KVCACHE_SPACE": "1"})."""
     env = dict(os.environ)
     env["VLLM_SERVER_DEV_MODE"] = "1"
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(_REPO_ROOT), env.get("PYTHONPATH")]))
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH")]))
     env.update(extra_env or {})
     return env
 

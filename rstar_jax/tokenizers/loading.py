@@ -16,7 +16,7 @@ from pathlib import Path
 from tokenizers import AddedToken
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
-from rstar_jax.data.registry import DATA_DIR_ENV, shared_data_dir
+from rstar_jax.paths import DATA_DIR_ENV, shared_data_dir
 from rstar_jax.tokenizers.special_tokens import CONTROL_TOKENS, TOOL_TOKENS
 
 TINY_TOKENIZER_DIR = Path(__file__).resolve().parent / "tiny"

@@ -9,7 +9,8 @@ import pytest
 
 from rstar_jax.data.loaders import BadRow, answer_text
 from rstar_jax.data.problem import Problem
-from rstar_jax.data.registry import DATA_DIR_ENV, load_problems, shared_data_dir
+from rstar_jax.data.registry import load_problems
+from rstar_jax.paths import DATA_DIR_ENV, shared_data_dir
 
 EXPECTED_COUNTS = {
     "aime24": 30,

@@ -16,7 +16,7 @@ import time
 
 import pytest
 
-from rstar_jax.data.registry import shared_data_dir
+from rstar_jax.paths import shared_data_dir
 from rstar_jax.reward import VerifierPool
 
 PEER_CASES = shared_data_dir() / "verifier_peer_cases"

@@ -7,7 +7,7 @@ import os
 import pytest
 from transformers import AutoTokenizer
 
-from rstar_jax.data.registry import shared_data_dir
+from rstar_jax.paths import shared_data_dir
 from rstar_jax.tokenizers import CHAT_TOOL_TOKENS, load_tokenizer, resolve_tokenizer_path
 from rstar_jax.tokenizers.loading import TINY_TOKENIZER_DIR
 
