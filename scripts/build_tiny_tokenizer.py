@@ -46,7 +46,8 @@ CHAT_TEMPLATE_PATH = Path(__file__).resolve().parents[1] / "rstar_jax" / "tokeni
 
 # Pre-tokenisation: numbers in chunks of up to three digits, words with an optional leading space, runs of
 # punctuation, whitespace.
-_PRE_TOKEN_PATTERN = r"\p{N}{1,3}| ?\p{L}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"
+_PRE_TOKEN_PATTERN = r"\p{{N}}{{1,{digits}}}| ?\p{{L}}+| ?[^\s\p{{L}}\p{{N}}]+|\s+(?!\S)|\s+"
+DIGITS_PER_TOKEN = 3
 _ADDED_TOKEN_SPLIT = re.compile("|".join(re.escape(token) for token in CHAT_TOOL_TOKENS))
 # Error output of the faulty SFT programs as the sandbox reports it, so error responses tokenise compactly too.
 _ERROR_OUTPUT = {
@@ -65,7 +66,8 @@ def _outcomes(plan: SolutionPlan) -> list[_RepresentativeOutcome]:
     return [error, answer]
 
 
-def corpus(num_tasks: int = CORPUS_TASKS, seed: int = CORPUS_SEED) -> Iterator[str]:
+def corpus(num_tasks: int = CORPUS_TASKS, seed: int = CORPUS_SEED,
+           digits_per_token: int = DIGITS_PER_TOKEN) -> Iterator[str]:
     """The training text: whole SFT transcripts rendered by the tiny chat template, at difficulties 1 to 3.
 
     The text is cut at the chat/tool tokens, which always encode as single ids and so must not shape the merges.
@@ -77,24 +79,24 @@ def corpus(num_tasks: int = CORPUS_TASKS, seed: int = CORPUS_SEED) -> Iterator[s
             messages = transcript_messages(plan, _outcomes(plan))
             rendered, _ = render_jinja_template([messages], tools=[TOOL_SCHEMA], chat_template=template)
             yield from _ADDED_TOKEN_SPLIT.split(rendered[0])
-    yield from number_chunks()
+    yield from number_chunks(digits_per_token)
 
 
-def number_chunks() -> Iterator[str]:
-    """Every 1-3 digit chunk "0" ... "999" (with leading zeros, as chunks inside longer numbers have them), each
-    repeated so that BPE merges it into one token."""
-    for width in (1, 2, 3):
+def number_chunks(digits_per_token: int) -> Iterator[str]:
+    """Every chunk of 1 to `digits_per_token` digits ("0" ... "999" for 3, with leading zeros, as chunks inside
+    longer numbers have them), each repeated so that BPE merges it into one token."""
+    for width in range(1, digits_per_token + 1):
         for value in range(10**width):
             yield " ".join([f"{value:0{width}d}"] * NUMBER_CHUNK_REPEATS)
 
 
-def train_tokenizer(vocab_size: int = VOCAB_SIZE) -> Tokenizer:
+def train_tokenizer(vocab_size: int = VOCAB_SIZE, digits_per_token: int = DIGITS_PER_TOKEN) -> Tokenizer:
     """Train the byte-level BPE; the chat control tokens are special, the tool tags plain added tokens."""
     tokenizer = Tokenizer(models.BPE())
     tokenizer.normalizer = normalizers.NFC()
     tokenizer.pre_tokenizer = pre_tokenizers.Sequence(
         [
-            pre_tokenizers.Split(Regex(_PRE_TOKEN_PATTERN), behavior="isolated"),
+            pre_tokenizers.Split(Regex(_PRE_TOKEN_PATTERN.format(digits=digits_per_token)), behavior="isolated"),
             pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
         ]
     )
@@ -105,7 +107,7 @@ def train_tokenizer(vocab_size: int = VOCAB_SIZE) -> Tokenizer:
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
-    tokenizer.train_from_iterator(corpus(), trainer=trainer)
+    tokenizer.train_from_iterator(corpus(digits_per_token=digits_per_token), trainer=trainer)
     tokenizer.add_tokens([AddedToken(token, normalized=False, special=False) for token in TOOL_TOKENS])
     if tokenizer.get_vocab_size() > vocab_size:
         raise RuntimeError(f"tiny tokenizer has {tokenizer.get_vocab_size()} entries, more than {vocab_size}")
@@ -137,10 +139,11 @@ def _write_json(path: Path, content: dict[str, object]) -> None:
     path.write_text(json.dumps(content, indent=2, ensure_ascii=False, sort_keys=True) + "\n")
 
 
-def build(out_dir: Path) -> Path:
-    """Train and write the complete HF tokenizer folder (tokenizer.json, config with chat template, specials)."""
+def build(out_dir: Path, digits_per_token: int = DIGITS_PER_TOKEN) -> Path:
+    """Train and write the complete HF tokenizer folder (tokenizer.json, config with chat template, specials);
+    `digits_per_token` 1 gives the Qwen-like variant the copy benchmark compares against."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    train_tokenizer().save(str(out_dir / "tokenizer.json"), pretty=True)
+    train_tokenizer(digits_per_token=digits_per_token).save(str(out_dir / "tokenizer.json"), pretty=True)
     _write_json(out_dir / "tokenizer_config.json", tokenizer_config())
     _write_json(out_dir / "special_tokens_map.json", special_tokens_map())
     return out_dir

@@ -1,0 +1,136 @@
+"""How fast the demo model learns to copy numbers, by how numbers are tokenised (issue 9: the SFT'd model copied
+numbers badly, which starved GRPO of signal).
+
+    python -m experiments.bench.copy_probe [--steps 400] [--json PATH]
+
+The same seeded tiny model (gin/model/tiny.gin) is trained from scratch on copy drills (`rstar_jax.data.copy_drills`:
+synthetic questions followed by their programs, program outputs followed by the answers that repeat them), once with
+the committed tiny tokenizer (numbers in chunks of up to three digits) and once with the same tokenizer built with one
+token per digit (as Qwen's). Every `--every` steps it measures teacher-forced copy accuracy: the share of the tokens
+of copied numbers (the program's numbers, the answer's numbers) that the model predicts exactly, on 64 held-out drills.
+Both runs see the same drills in the same order and the same learning-rate schedule.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from experiments.make_tiny_model import TINY_MODEL_GIN
+from rstar_jax.data.copy_drills import copy_drill_text
+from rstar_jax.gin_setup import parse_gin
+from rstar_jax.model import ModelConfig, forward, init_params, positions_from_mask
+from rstar_jax.parallel import make_mesh
+from rstar_jax.tokenizers import load_tokenizer
+from rstar_jax.train.batching import make_batch
+from rstar_jax.train.optim import adamw_optimizer
+from rstar_jax.train.sft import make_sft_step
+from rstar_jax.train.sft_data import TrainingSequence
+from rstar_jax.train.state import init_train_state, train_state_shardings
+
+_BUILD_SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "build_tiny_tokenizer.py"
+
+
+def build_tokenizer(out: Path, digits_per_token: int) -> Path:
+    """The tiny tokenizer built with numbers cut into chunks of `digits_per_token` digits."""
+    spec = importlib.util.spec_from_file_location("build_tiny_tokenizer", _BUILD_SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.build(out, digits_per_token)
+
+
+def copied_positions(tokenizer: Any, text: str) -> tuple[list[int], list[bool]]:
+    """Token ids of a drill and, per id, whether it is part of a number that appeared earlier in the drill (a
+    copy: a program's numbers after its question, an answer's after the output)."""
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    pieces = [tokenizer.decode([token]) for token in ids]
+    copied, seen, offset = [], set(), 0
+    for piece in pieces:
+        start = text.index(piece, offset) if piece else offset
+        offset = start + len(piece)
+        number = _number_at(text, start) if piece.strip().isdigit() else None
+        copied.append(number is not None and number in seen)
+        if number is not None:
+            seen.add(number)
+    return ids, copied
+
+
+def _number_at(text: str, index: int) -> str:
+    """The whole number (its digits) that the digit at `index` belongs to."""
+    start = index
+    while start > 0 and text[start - 1].isdigit():
+        start -= 1
+    end = index
+    while end < len(text) and text[end].isdigit():
+        end += 1
+    return text[start:end]
+
+
+def run(tokenizer_dir: Path, config: ModelConfig, steps: int, batch_size: int, every: int,
+        learning_rate: float) -> list[dict[str, float]]:
+    """Train on drills with `tokenizer_dir`; the copy accuracy curve."""
+    tokenizer = load_tokenizer(tokenizer_dir)
+    optimizer, schedule = adamw_optimizer(steps, learning_rate, warmup_fraction=0.1, end_fraction=0.05, b2=0.98)
+    mesh = make_mesh(devices=jax.devices()[:1])
+    state = init_train_state(init_params(config, jax.random.key(0)), optimizer)
+    shardings = train_state_shardings(state, mesh)
+    state = jax.device_put(state, shardings)
+    step_fn = make_sft_step(config, optimizer, schedule, mesh, shardings, batch_size)
+    held_out = [copied_positions(tokenizer, copy_drill_text(index, seed=1)) for index in range(64)]
+    batch = make_batch([TrainingSequence(tuple(ids), (1,) * len(ids)) for ids, _ in held_out])
+    targets = np.zeros(batch.shape, bool)
+    for row, (_, copied) in enumerate(held_out):
+        targets[row, :len(copied) - 1] = copied[1:]
+    curve, started = [], time.monotonic()
+    for step in range(steps + 1):
+        if step % every == 0:
+            mask = jnp.asarray(batch.attention_mask)
+            predicted = np.asarray(jnp.argmax(forward(state.params, config, jnp.asarray(batch.input_ids),
+                                                      positions_from_mask(mask), mask), -1))
+            accuracy = float((predicted == batch.targets)[targets].mean())
+            curve.append({"step": step, "copy_accuracy": accuracy, "seconds": time.monotonic() - started})
+            print(f"  {tokenizer_dir.name}: step {step}: copy accuracy {accuracy:.3f}", flush=True)
+        if step < steps:
+            texts = [copy_drill_text(step * batch_size + row, seed=0) for row in range(batch_size)]
+            rows = [TrainingSequence(tuple(ids), (1,) * len(ids))
+                    for ids in (tokenizer.encode(text, add_special_tokens=False) for text in texts)]
+            state, _ = step_fn(state, make_batch(rows))
+    return curve
+
+
+def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
+    """Command-line entry point: both tokenisations, curves printed and written as JSON."""
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--steps", type=int, default=400)
+    parser.add_argument("--batch_size", type=int, default=16)
+    parser.add_argument("--every", type=int, default=50)
+    parser.add_argument("--learning_rate", type=float, default=5e-3)
+    parser.add_argument("--json", type=Path, default=None, help="write the figures here")
+    args = parser.parse_args(argv)
+    parse_gin([TINY_MODEL_GIN])
+    config = ModelConfig()
+    results: dict[str, Any] = {"steps": args.steps, "batch_size": args.batch_size, "load_average": os.getloadavg()}
+    with tempfile.TemporaryDirectory() as scratch:
+        for name, digits in (("three_digit_chunks", 3), ("single_digits", 1)):
+            folder = build_tokenizer(Path(scratch) / name, digits)
+            results[name] = run(folder, config, args.steps, args.batch_size, args.every, args.learning_rate)
+    final = {name: results[name][-1]["copy_accuracy"] for name in ("three_digit_chunks", "single_digits")}
+    print(json.dumps(final))
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(results, indent=1) + "\n")
+    return results
+
+
+if __name__ == "__main__":
+    main()
