@@ -1,25 +1,35 @@
-"""Learner throughput: forward + backward tokens/s of the JAX model against transformers' PyTorch model.
+"""Learner throughput: tokens/s of the JAX training step against transformers' PyTorch model, per configuration.
 
-Both sides run the same training computation (mean next-token cross-entropy, its gradient with respect to every
-parameter) on the same weights (the JAX parameters written with `save_hf` and loaded by transformers) and the
-same token batch, in the same process. The JAX step's achieved FLOP/s is compared with this machine's float32
-matmul peak, measured in the same run by timing a large jitted `jnp.dot`. The three timings alternate round by
-round (warm-up rounds, then the median of several timed ones), so a busy shared machine slows them alike.
+Issue 12. Each configuration (a model size and a batch of [rows, tokens]) times two steps on both sides, on the same
+weights (the JAX parameters written with `save_hf` and loaded by transformers) and the same tokens:
+  loss  forward + backward of the mean next-token cross-entropy: the library's SFT loss (`train.sft.sft_loss`,
+        fused log-softmax-gather) under `jax.jit(value_and_grad)`, against `model(labels=ids).loss.backward()`;
+  grpo  the whole RL update: `RLLearner.update` (forward, backward, clipped policy loss of SPEC 4.6 with Clip-Higher
+        0.2 / 0.28 and token-mean, gradient accumulated over the micro-batches of `rl_micro_batches`, AdamW with
+        global-norm clipping, donated state) against the same loss on Qwen3ForCausalLM's logits, `backward()` per
+        micro-batch, `clip_grad_norm_` and `torch.optim.AdamW`.
+Old log-probs are filled in (and perturbed, so the ratio clips) before timing, on both sides. The step's achieved
+FLOP/s is compared with this machine's float32 matmul peak, measured in the same run by timing a large jitted
+`jnp.dot`. All timings alternate round by round (warm-up rounds, then the median of the timed ones), so load from
+other processes hits every one alike and the ratios stay meaningful; the load average is reported with them.
 
-FLOPs are counted analytically, the same count for both implementations:
-  dense     = 6 * (matmul parameters) * tokens  (2 forward + 4 backward per multiply-add; matmul parameters are every
-              projection of every layer plus the output head; the embedding lookup and norms are not matmuls)
-  attention = 12 * layers * batch * seq^2 * heads * head_dim  (QK^T and PV, 2 FLOPs per multiply-add, times 3 for
-              forward + backward, over the full seq x seq score matrix the JAX model computes before masking)
+FLOPs are counted analytically, the same count for both implementations and both steps:
+  dense     = 6 * (matmul parameters) * tokens  (2 forward + 4 backward per multiply-add; every projection of every
+              layer plus the output head; the embedding lookup and norms are not matmuls)
+  attention = 6 * layers * rows * seq^2 * heads * head_dim  (QK^T and PV, 2 FLOPs per multiply-add, times 3 for
+              forward + backward, over the causal half of the seq x seq scores: the work a causal step needs)
 
-    python -m experiments.bench.learner                      # tiny demo model, batch 4 x 256 tokens
-    python -m experiments.bench.learner --batch 4 --seq 512 --json /tmp/learner.json
-    python -m experiments.bench.learner --gin_param "ModelConfig.hidden_size = 512"
+`--profile` adds, per configuration, the JAX loss step's per-op profile grouped by `op_profile.CATEGORIES`: where the
+time that is not matmul at peak goes.
+
+    python -m experiments.bench.learner --json artifacts/bench_learner.json          # every configuration
+    python -m experiments.bench.learner --configs tiny_256 --gin_param "ModelConfig.scan_layers = True"
 """
 
 from __future__ import annotations
 
 import argparse
+import ctypes
 import dataclasses
 import json
 import os
@@ -30,17 +40,45 @@ import tempfile
 import time
 from typing import Any, Callable, Sequence
 
+import gin
 import jax
 import jax.numpy as jnp
 import numpy as np
 import torch
 import transformers
 
+from experiments.bench.op_profile import by_category, profile_step
 from experiments.make_tiny_model import TINY_MODEL_GIN
 from rstar_jax.gin_setup import parse_gin
-from rstar_jax.model import ModelConfig, forward, init_params, save_hf
+from rstar_jax.model import ModelConfig, init_params, save_hf
+from rstar_jax.parallel import make_mesh
+from rstar_jax.rl.losses import PolicyLossOptions
+from rstar_jax.train.batching import TokenBatch, make_batch
+from rstar_jax.train.optim import rl_optimizer
+from rstar_jax.train.rl_batch import RLBatch, batch_totals, rl_micro_batches
+from rstar_jax.train.rl_step import RLLearner
+from rstar_jax.train.sft import sft_loss
+from rstar_jax.train.state import init_train_state, train_state_shardings
 
-# The tiny demo model; --gin_file / --gin_param bindings of ModelConfig override any of these.
+WIDE_MODEL_GIN = "model/wide.gin"
+STEPS = ("loss", "grpo")
+
+
+@dataclasses.dataclass(frozen=True)
+class Configuration:
+    """A model (gin files on top of the tiny demo model's) and the token block of one step."""
+
+    gin_files: tuple[str, ...]
+    rows: int
+    seq: int
+    micro_batches: int = 2
+
+
+CONFIGURATIONS: dict[str, Configuration] = {
+    "tiny_256": Configuration((), rows=4, seq=256),
+    "tiny_1024": Configuration((), rows=4, seq=1024),
+    "wide_1024": Configuration((WIDE_MODEL_GIN,), rows=2, seq=1024),
+}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -57,6 +95,15 @@ class StepFlops:
         return self.dense + self.attention
 
 
+@dataclasses.dataclass(frozen=True)
+class Rollout:
+    """A synthetic kept trajectory: what `rl_micro_batches` and `make_batch` read."""
+
+    token_ids: tuple[int, ...]
+    loss_mask: tuple[int, ...]
+    rollout_logprobs: tuple[float, ...]
+
+
 def matmul_param_count(config: ModelConfig) -> int:
     """Parameters that take part in a matmul per token: all layer projections plus the output head (tied or not)."""
     embed = config.hidden_size
@@ -66,10 +113,21 @@ def matmul_param_count(config: ModelConfig) -> int:
 
 
 def train_step_flops(config: ModelConfig, batch: int, seq: int) -> StepFlops:
-    """FLOPs of one forward + backward pass over a [batch, seq] token block."""
+    """FLOPs of one forward + backward pass over a [batch, seq] token block (causal attention)."""
     matmul_params = matmul_param_count(config)
-    attention = 12 * config.num_layers * batch * seq * seq * config.num_heads * config.head_dim
+    attention = 6 * config.num_layers * batch * seq * seq * config.num_heads * config.head_dim
     return StepFlops(matmul_params, 6 * matmul_params * batch * seq, attention)
+
+
+def reuse_freed_memory() -> None:
+    """Keep freed heap memory for reuse instead of returning it to the OS (glibc `mallopt`: one arena, no mmap,
+    no trimming). XLA:CPU allocates each step's temporaries afresh (hundreds of MB for these steps); returned
+    pages fault in again, zero-filled, on every step (measured: 61,000 faults and a sixth of the tiny model's
+    step). Must run before JAX starts its threads; it applies to the torch side of the same process too."""
+    libc = ctypes.CDLL("libc.so.6")
+    for option, value in ((-4, 0), (-1, 2**31 - 1), (-8, 1)):  # M_MMAP_MAX, M_TRIM_THRESHOLD, M_ARENA_MAX
+        if not libc.mallopt(option, value):
+            raise OSError(f"mallopt({option}, {value}) failed")
 
 
 def time_rounds(calls: dict[str, Callable[[], Any]], warmup: int, iters: int) -> dict[str, list[float]]:
@@ -97,40 +155,125 @@ def matmul_call(size: int) -> Callable[[], Any]:
     return lambda: matmul(a, b).block_until_ready()
 
 
-def next_token_cross_entropy(params: Any, config: ModelConfig, ids: jax.Array) -> jax.Array:
-    """Mean -log p(ids[:, t+1] | ids[:, :t+1]) over every position of an unpadded batch (HF's labels=ids loss)."""
-    mask = jnp.ones_like(ids)
-    positions = jnp.broadcast_to(jnp.arange(ids.shape[1]), ids.shape)
-    logprobs = jax.nn.log_softmax(forward(params, config, ids, positions, mask)[:, :-1], axis=-1)
-    return -jnp.mean(jnp.take_along_axis(logprobs, ids[:, 1:, None], axis=-1))
+def synthetic_rollouts(rows: int, seq: int, vocab_size: int, seed: int) -> tuple[list[Rollout], np.ndarray]:
+    """`rows` trajectories of seq + 1 tokens (so exactly [rows, seq] inputs): a prompt and a tool response masked
+    out, the model's own turns trained, with sampled log-probs; and one advantage per trajectory."""
+    rng = np.random.default_rng(seed)
+    prompt, tool = seq // 8, seq // 8
+    mask = np.ones(seq + 1, np.int64)
+    mask[:prompt] = 0
+    mask[seq // 2:seq // 2 + tool] = 0
+    rollouts = [Rollout(tuple(int(t) for t in rng.integers(1, vocab_size, seq + 1)), tuple(int(m) for m in mask),
+                        tuple(float(-rng.exponential()) if m else 0.0 for m in mask)) for _ in range(rows)]
+    return rollouts, rng.normal(size=rows).astype(np.float32)
 
 
-def jax_step_call(config: ModelConfig, params: Any, ids: np.ndarray) -> tuple[Callable[[], Any], dict[str, Any]]:
-    """The jitted value_and_grad of the next-token loss, compiled; its loss and compile (+ first step) time."""
-    step = jax.jit(jax.value_and_grad(next_token_cross_entropy), static_argnums=1)
-    ids_on_device = jnp.asarray(ids)
+def perturbed_old_logprobs(batch: RLBatch) -> RLBatch:
+    """Old log-probs moved off the current policy by a fixed function of the tokens, so some ratios clip."""
+    ids = np.asarray(batch.tokens.input_ids)
+    offsets = 0.3 * np.sin(7.0 * ids + np.arange(ids.shape[1])[None, :]).astype(np.float32)
+    return batch.replace(old_logprobs=np.asarray(batch.old_logprobs) + offsets)
+
+
+def jax_loss_call(config: ModelConfig, params: Any, batch: TokenBatch) -> tuple[Callable[[], Any], dict[str, Any]]:
+    """The jitted value_and_grad of the SFT loss, compiled: the call, and its loss and compile (+ first step) time."""
+    step = jax.jit(jax.value_and_grad(sft_loss), static_argnums=1)
+    batch = jax.device_put(batch)
     start = time.perf_counter()
-    loss, _ = jax.block_until_ready(step(params, config, ids_on_device))
+    loss, _ = jax.block_until_ready(step(params, config, batch))
     info = {"loss": float(loss), "compile_and_first_step_s": time.perf_counter() - start}
-    return lambda: jax.block_until_ready(step(params, config, ids_on_device)), info
+    return lambda: jax.block_until_ready(step(params, config, batch)), info
 
 
-def torch_step_call(model_dir: str, ids: np.ndarray) -> tuple[Callable[[], Any], dict[str, Any]]:
-    """loss.backward() of transformers' model loaded from `model_dir` (labels=ids: the same loss); its loss."""
+def jax_grpo_call(config: ModelConfig, params: Any, rollouts: list[Rollout], advantages: np.ndarray,
+                  micro_batches: int) -> tuple[Callable[[], Any], dict[str, Any], list[RLBatch]]:
+    """`RLLearner.update` on the rollouts' micro-batches (state donated and replaced every call), compiled by one
+    first update: the call, its first loss and compile time, and the micro-batches with their old log-probs."""
+    rows = len(rollouts) // micro_batches
+    optimizer, schedule = rl_optimizer(total_steps=1000)
+    mesh = make_mesh(devices=jax.devices()[:1])
+    state = init_train_state(jax.tree.map(jnp.copy, params), optimizer)  # a copy: the loss step keeps `params`
+    shardings = train_state_shardings(state, mesh)
+    learner = RLLearner(config, optimizer, schedule, mesh, shardings, rows, PolicyLossOptions())
+    batches = [perturbed_old_logprobs(batch) for batch in learner.with_policy_logprobs(
+        params, rl_micro_batches(rollouts, advantages, rows))]
+    holder = {"state": jax.device_put(state, shardings)}
+
+    def update() -> dict[str, float]:
+        holder["state"], metrics = learner.update(holder["state"], batches)
+        return metrics
+
+    start = time.perf_counter()
+    metrics = update()
+    info = {"loss": metrics["loss"], "compile_and_first_step_s": time.perf_counter() - start}
+    return update, info, batches
+
+
+def torch_model(model_dir: str) -> torch.nn.Module:
+    """transformers' model of `model_dir` in float32, in training mode."""
     transformers.utils.logging.disable_progress_bar()
     model = transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
-    model.train()
-    input_ids = torch.from_numpy(ids.astype(np.int64))
+    return model.train()
+
+
+def torch_loss_call(model: torch.nn.Module, batch: TokenBatch) -> tuple[Callable[[], Any], dict[str, Any]]:
+    """backward() of the mean cross-entropy of transformers' float32 logits against the batch's targets (what
+    `labels=` computes, without its shift, so both sides read the same [rows, seq] inputs); the call, first loss."""
+    input_ids = torch.from_numpy(np.asarray(batch.input_ids).astype(np.int64))
+    targets = torch.from_numpy(np.asarray(batch.targets).astype(np.int64))
 
     def step() -> float:
         model.zero_grad(set_to_none=True)
-        loss = model(input_ids=input_ids, labels=input_ids).loss
+        logits = model(input_ids=input_ids).logits.float()
+        loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1), targets.flatten())
         loss.backward()
         return float(loss.detach())
 
-    info = {"loss": step(), "attn_implementation": model.config._attn_implementation,
-            "threads": torch.get_num_threads()}
-    return step, info
+    return step, {"loss": step(), "attn_implementation": model.config._attn_implementation,
+                  "threads": torch.get_num_threads()}
+
+
+def torch_policy_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor,
+                      loss_mask: torch.Tensor, total_tokens: float, eps_low: float = 0.2,
+                      eps_high: float = 0.28) -> torch.Tensor:
+    """`rl.losses.policy_loss` with its defaults (Clip-Higher, token mean over the whole batch) in torch."""
+    ratio = torch.exp(logprobs - old_logprobs)
+    advantages = advantages[:, None]
+    per_token = torch.maximum(-ratio * advantages, -torch.clamp(ratio, 1.0 - eps_low, 1.0 + eps_high) * advantages)
+    return torch.sum(per_token * loss_mask) / max(total_tokens, 1.0)
+
+
+def torch_grpo_call(model: torch.nn.Module, batches: list[RLBatch]) -> tuple[Callable[[], Any], dict[str, Any]]:
+    """The GRPO update on transformers' model: per micro-batch forward, log p of the targets, the policy loss and
+    backward (gradients accumulate), then clip_grad_norm_(1.0) and AdamW (lr 1e-6, as `rl_optimizer`)."""
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-6, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0)
+    total_tokens = batch_totals(batches)[0]
+    tensors = [{name: torch.from_numpy(np.asarray(value)) for name, value in (
+        ("input_ids", batch.tokens.input_ids.astype(np.int64)), ("attention_mask", batch.tokens.attention_mask),
+        ("targets", batch.tokens.targets.astype(np.int64)), ("loss_mask", batch.loss_mask.astype(np.float32)),
+        ("old", batch.old_logprobs), ("advantages", batch.advantages))} for batch in batches]
+
+    def step() -> float:
+        optimizer.zero_grad(set_to_none=True)
+        total = 0.0
+        for micro in tensors:
+            logits = model(input_ids=micro["input_ids"], attention_mask=micro["attention_mask"]).logits.float()
+            logprobs = torch.log_softmax(logits, dim=-1).gather(-1, micro["targets"][..., None])[..., 0]
+            loss = torch_policy_loss(logprobs, micro["old"], micro["advantages"], micro["loss_mask"], total_tokens)
+            loss.backward()
+            total += float(loss.detach())
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        return total
+
+    return step, {"loss": step()}
+
+
+def model_config(configuration: Configuration, gin_files: Sequence[str], gin_params: Sequence[str]) -> ModelConfig:
+    """The tiny demo ModelConfig (gin/model/tiny.gin), the configuration's gin files, then the user's on top."""
+    gin.clear_config()
+    parse_gin([TINY_MODEL_GIN, *configuration.gin_files, *gin_files], gin_params)
+    return ModelConfig()
 
 
 def summarise(side: dict[str, Any], flops: StepFlops, tokens: int, peak_flops_per_s: float) -> dict[str, Any]:
@@ -141,104 +284,136 @@ def summarise(side: dict[str, Any], flops: StepFlops, tokens: int, peak_flops_pe
             "fraction_of_peak": rate / peak_flops_per_s}
 
 
-def run_benchmark(config: ModelConfig, batch: int, seq: int, warmup: int, iters: int, matmul_size: int,
-                  seed: int = 0) -> dict[str, Any]:
-    """Every figure of the benchmark as one JSON-able dict."""
-    minimums = {"batch": (batch, 1), "seq": (seq, 2), "warmup": (warmup, 0), "iters": (iters, 1),
-                "matmul_size": (matmul_size, 1)}
+def run_configuration(config: ModelConfig, configuration: Configuration, warmup: int, iters: int, matmul_size: int,
+                      profile: bool, seed: int = 0) -> dict[str, Any]:
+    """Every figure of one configuration: both steps on both sides, interleaved with the matmul probe."""
+    rows, seq = configuration.rows, configuration.seq
+    if seq > config.max_position_embeddings:
+        raise ValueError(f"seq {seq} exceeds the model's max_position_embeddings {config.max_position_embeddings}")
+    if rows % configuration.micro_batches:
+        raise ValueError(f"{rows} rows do not split into {configuration.micro_batches} micro-batches")
+    params = init_params(config, jax.random.key(seed))
+    rollouts, advantages = synthetic_rollouts(rows, seq, config.vocab_size, seed)
+    loss_batch = make_batch(rollouts)
+    loss_batch = loss_batch.replace(loss_mask=np.ones_like(loss_batch.loss_mask))  # every next token: HF's loss
+    calls, infos = {}, {}
+    calls["jax loss"], infos["jax loss"] = jax_loss_call(config, params, loss_batch)
+    calls["jax grpo"], infos["jax grpo"], batches = jax_grpo_call(config, params, rollouts, advantages,
+                                                                   configuration.micro_batches)
+    with tempfile.TemporaryDirectory() as model_dir:
+        save_hf((config, params), model_dir)
+        model = torch_model(model_dir)
+    calls["torch loss"], infos["torch loss"] = torch_loss_call(model, loss_batch)
+    calls["torch grpo"], infos["torch grpo"] = torch_grpo_call(model, batches)
+    seconds = time_rounds({"matmul": matmul_call(matmul_size), **calls}, warmup, iters)
+    peak_s = statistics.median(seconds.pop("matmul"))
+    peak = {"size": matmul_size, "median_s": peak_s, "flops_per_s": 2 * matmul_size**3 / peak_s}
+    flops = train_step_flops(config, rows, seq)
+    sides = {name: summarise({**infos[name], "step_s": step_s}, flops, rows * seq, peak["flops_per_s"])
+             for name, step_s in seconds.items()}
+    result = {
+        "model": config.to_hf_dict() | {"param_count": int(sum(x.size for x in jax.tree.leaves(params))),
+                                        "attention_impl": config.attention_impl,
+                                        "attention_block_size": config.attention_block_size,
+                                        "scan_layers": config.scan_layers, "remat_policy": config.remat_policy,
+                                        "compute_dtype": config.dtype},
+        "rows": rows, "seq": seq, "micro_batches": configuration.micro_batches, "tokens_per_step": rows * seq,
+        "flops_per_step": dataclasses.asdict(flops) | {"total": flops.total},
+        "matmul_peak": peak,
+        "steps": sides,
+        "jax_over_torch": {step: sides[f"jax {step}"]["tokens_per_s"] / sides[f"torch {step}"]["tokens_per_s"]
+                           for step in STEPS},
+        "loss_abs_difference": {step: abs(sides[f"jax {step}"]["loss"] - sides[f"torch {step}"]["loss"])
+                                for step in STEPS},
+        "load_average_1m_at_end": os.getloadavg()[0],
+    }
+    if profile:
+        step = jax.jit(jax.value_and_grad(sft_loss), static_argnums=1)
+        times = profile_step(step, (params, config, jax.device_put(loss_batch)))
+        result["jax_loss_profile_ms"] = by_category(times)
+    return result
+
+
+def run_benchmark(names: Sequence[str], warmup: int, iters: int, matmul_size: int, profile: bool = False,
+                  gin_files: Sequence[str] = (), gin_params: Sequence[str] = (),
+                  overrides: dict[str, int] | None = None) -> dict[str, Any]:
+    """Every configuration in `names` (its rows, seq or micro_batches replaced by `overrides`), one after the
+    other, as one JSON-able dict."""
+    unknown = [name for name in names if name not in CONFIGURATIONS]
+    if unknown:
+        raise ValueError(f"unknown configuration(s) {unknown}; choose from {sorted(CONFIGURATIONS)}")
+    minimums = {"warmup": (warmup, 0), "iters": (iters, 1), "matmul_size": (matmul_size, 1)}
     too_small = [f"{name}={value} (needs >= {least})" for name, (value, least) in minimums.items() if value < least]
     if too_small:
         raise ValueError(f"benchmark sizes too small: {', '.join(too_small)}")
-    if seq > config.max_position_embeddings:
-        raise ValueError(f"seq {seq} exceeds the model's max_position_embeddings {config.max_position_embeddings}")
-    params = init_params(config, jax.random.key(seed))
-    ids = np.random.default_rng(seed).integers(0, config.vocab_size, (batch, seq), dtype=np.int32)
-    flops = train_step_flops(config, batch, seq)
-    jax_call, jax_info = jax_step_call(config, params, ids)
-    with tempfile.TemporaryDirectory() as model_dir:
-        save_hf((config, params), model_dir)
-        torch_call, torch_info = torch_step_call(model_dir, ids)
-    seconds = time_rounds({"matmul": matmul_call(matmul_size), "jax": jax_call, "torch": torch_call}, warmup, iters)
-    matmul_median = statistics.median(seconds["matmul"])
-    peak = {"size": matmul_size, "flops": 2 * matmul_size**3, "step_s": seconds["matmul"],
-            "median_s": matmul_median, "flops_per_s": 2 * matmul_size**3 / matmul_median}
-    tokens = batch * seq
-    jax_summary = summarise({**jax_info, "step_s": seconds["jax"]}, flops, tokens, peak["flops_per_s"])
-    torch_summary = summarise({**torch_info, "step_s": seconds["torch"]}, flops, tokens, peak["flops_per_s"])
-    return {
-        "model": config.to_hf_dict() | {"param_count": int(sum(x.size for x in jax.tree_util.tree_leaves(params)))},
-        "batch": batch,
-        "seq": seq,
-        "tokens_per_step": tokens,
-        "warmup": warmup,
-        "iters": iters,
-        "flops_per_step": {"matmul_params": flops.matmul_params, "dense": flops.dense, "attention": flops.attention,
-                           "total": flops.total},
-        "matmul_peak": peak,
-        "jax": jax_summary,
-        "torch": torch_summary,
-        "jax_over_torch_tokens_per_s": jax_summary["tokens_per_s"] / torch_summary["tokens_per_s"],
-        "loss_abs_difference": abs(jax_summary["loss"] - torch_summary["loss"]),
-        "environment": {"jax": jax.__version__, "torch": torch.__version__, "transformers": transformers.__version__,
-                        "jax_backend": jax.default_backend(), "cpu_count": os.cpu_count(),
-                        "machine": platform.machine(), "python": platform.python_version(),
-                        "load_average_1m_at_end": os.getloadavg()[0]},
-    }
+    chosen = {name: dataclasses.replace(CONFIGURATIONS[name], **(overrides or {})) for name in names}
+    results = {name: run_configuration(model_config(configuration, gin_files, gin_params), configuration, warmup,
+                                       iters, matmul_size, profile) for name, configuration in chosen.items()}
+    return {"configurations": results, "warmup": warmup, "iters": iters,
+            "environment": {"jax": jax.__version__, "torch": torch.__version__,
+                            "transformers": transformers.__version__, "jax_backend": jax.default_backend(),
+                            "cpu_count": os.cpu_count(), "machine": platform.machine(),
+                            "python": platform.python_version(), "load_average_1m_at_end": os.getloadavg()[0]}}
 
 
 def format_table(result: dict[str, Any]) -> str:
-    """Human-readable summary of `run_benchmark`'s result."""
-    model, flops, peak = result["model"], result["flops_per_step"], result["matmul_peak"]
-    lines = [
-        f"learner benchmark: {model['model_type']} V={model['vocab_size']} E={model['hidden_size']} "
-        f"L={model['num_hidden_layers']} heads={model['num_attention_heads']}/{model['num_key_value_heads']} "
-        f"D={model['head_dim']} F={model['intermediate_size']} ({model['param_count']:,} params), "
-        f"batch {result['batch']} x {result['seq']} tokens, "
-        f"median of {result['iters']} interleaved rounds after {result['warmup']} warm-up",
-        f"FLOPs/step: dense 6*{flops['matmul_params']:,}*{result['tokens_per_step']} = {flops['dense'] / 1e9:.2f} G "
-        f"+ attention {flops['attention'] / 1e9:.2f} G = {flops['total'] / 1e9:.2f} G",
-        f"matmul peak (jnp.dot f32 {peak['size']}x{peak['size']}): {peak['flops_per_s'] / 1e9:.1f} GFLOP/s",
-        "",
-        f"| {'impl':<24} | {'step ms':>9} | {'tokens/s':>10} | {'GFLOP/s':>8} | {'% of peak':>9} | {'loss':>8} |",
-        f"|{'-' * 26}|{'-' * 11}|{'-' * 12}|{'-' * 10}|{'-' * 11}|{'-' * 10}|",
-    ]
-    for name, label in (("jax", "jax (jit value_and_grad)"),
-                        ("torch", f"torch ({result['torch']['attn_implementation']})")):
-        side = result[name]
-        lines.append(f"| {label:<24} | {side['median_step_s'] * 1e3:>9.1f} | {side['tokens_per_s']:>10.0f} | "
-                     f"{side['flops_per_s'] / 1e9:>8.1f} | {side['fraction_of_peak'] * 100:>8.1f}% | "
-                     f"{side['loss']:>8.4f} |")
-    lines += [
-        "",
-        f"jax / torch tokens/s: {result['jax_over_torch_tokens_per_s']:.2f}x   "
-        f"jax compile + first step: {result['jax']['compile_and_first_step_s']:.1f} s   "
-        f"|loss jax - loss torch|: {result['loss_abs_difference']:.2e}",
-        f"machine: {result['environment']['cpu_count']} cores, 1-minute load average at the end "
-        f"{result['environment']['load_average_1m_at_end']:.1f}",
-    ]
+    """Human-readable summary of `run_benchmark`'s result: one row per configuration and step."""
+    lines = [f"| configuration | step | JAX ms | torch ms | JAX tokens/s | torch tokens/s | JAX / torch | "
+             f"JAX % of peak | torch % of peak | |loss diff| | load |", "|---" * 11 + "|"]
+    for name, config in result["configurations"].items():
+        for step in STEPS:
+            jax_side, torch_side = config["steps"][f"jax {step}"], config["steps"][f"torch {step}"]
+            lines.append(
+                f"| {name} [{config['rows']} x {config['seq']}] | {step} | {jax_side['median_step_s'] * 1e3:.1f} | "
+                f"{torch_side['median_step_s'] * 1e3:.1f} | {jax_side['tokens_per_s']:,.0f} | "
+                f"{torch_side['tokens_per_s']:,.0f} | {config['jax_over_torch'][step]:.2f}x | "
+                f"{jax_side['fraction_of_peak'] * 100:.1f}% | {torch_side['fraction_of_peak'] * 100:.1f}% | "
+                f"{config['loss_abs_difference'][step]:.1e} | {config['load_average_1m_at_end']:.1f} |")
+    lines.append("")
+    for name, config in result["configurations"].items():
+        model, flops = config["model"], config["flops_per_step"]
+        lines.append(
+            f"{name}: {model['model_type']} V={model['vocab_size']} E={model['hidden_size']} "
+            f"L={model['num_hidden_layers']} heads={model['num_attention_heads']}/{model['num_key_value_heads']} "
+            f"D={model['head_dim']} F={model['intermediate_size']} ({model['param_count']:,} params), attention "
+            f"{model['attention_impl']} (block {model['attention_block_size']}), scan_layers {model['scan_layers']}; "
+            f"{flops['total'] / 1e9:.1f} GFLOP/step; matmul peak {config['matmul_peak']['flops_per_s'] / 1e9:.1f} "
+            f"GFLOP/s; JAX compile + first step {config['steps']['jax loss']['compile_and_first_step_s']:.1f} s")
+        if "jax_loss_profile_ms" in config:
+            profile = config["jax_loss_profile_ms"]
+            total = sum(profile.values())
+            lines.append("  JAX loss step per-op profile: " + "; ".join(
+                f"{category} {ms:.1f} ms ({100 * ms / total:.0f}%)" for category, ms in profile.items()))
+    environment = result["environment"]
+    lines.append(f"machine: {environment['cpu_count']} cores, median of {result['iters']} interleaved rounds after "
+                 f"{result['warmup']} warm-up, 1-minute load average at the end {environment['load_average_1m_at_end']:.1f}")
     return "\n".join(lines)
-
-
-def model_config_from_gin(gin_files: Sequence[str], gin_params: Sequence[str]) -> ModelConfig:
-    """The tiny demo ModelConfig (gin/model/tiny.gin) with the user's gin files and bindings applied on top."""
-    parse_gin([TINY_MODEL_GIN, *gin_files], gin_params)
-    return ModelConfig()
 
 
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     """Command line entry point: run, print the table, optionally write the JSON."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--batch", type=int, default=4)
-    parser.add_argument("--seq", type=int, default=256)
+    parser.add_argument("--configs", default=",".join(CONFIGURATIONS),
+                        help=f"comma-separated, from {', '.join(CONFIGURATIONS)}")
+    for field in ("rows", "seq", "micro_batches"):
+        parser.add_argument(f"--{field}", type=int, help=f"replaces every chosen configuration's {field}")
     parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--iters", type=int, default=5)
     parser.add_argument("--matmul_size", type=int, default=2048, help="side of the square matmul timed for the peak")
+    parser.add_argument("--profile", action="store_true", help="add the JAX loss step's per-op profile")
+    parser.add_argument("--keep_malloc_defaults", action="store_true",
+                        help="do not call reuse_freed_memory() (measures what it is worth)")
     parser.add_argument("--gin_file", action="append", default=[], help="gin file binding ModelConfig fields")
-    parser.add_argument("--gin_param", action="append", default=[], help="e.g. 'ModelConfig.num_layers = 8'")
+    parser.add_argument("--gin_param", action="append", default=[], help="e.g. 'ModelConfig.scan_layers = True'")
     parser.add_argument("--json", dest="json_path", help="write every figure to this JSON file")
     args = parser.parse_args(argv)
-    config = model_config_from_gin(args.gin_file, args.gin_param)
-    result = run_benchmark(config, args.batch, args.seq, args.warmup, args.iters, args.matmul_size)
+    if not args.keep_malloc_defaults:
+        reuse_freed_memory()
+    overrides = {field: getattr(args, field) for field in ("rows", "seq", "micro_batches")
+                 if getattr(args, field) is not None}
+    result = run_benchmark(args.configs.split(","), args.warmup, args.iters, args.matmul_size, args.profile,
+                           args.gin_file, args.gin_param, overrides)
+    result["environment"]["reuse_freed_memory"] = not args.keep_malloc_defaults
     print(format_table(result))
     if args.json_path:
         with open(args.json_path, "w") as handle:

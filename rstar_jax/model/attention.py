@@ -1,5 +1,5 @@
-"""Masked grouped-query softmax attention: dense or blockwise over keys (same numbers, less memory), and over a
-KV cache plus the call's own new keys.
+"""Masked grouped-query softmax attention: dense or blockwise over keys (same numbers, less memory), over a KV cache
+plus the call's own new keys, and the training attention over packed rows in each implementation gin selects.
 
 Queries are grouped per key/value head ([B, T, Hkv, G, D]) instead of repeating keys, the same arithmetic as HF's
 repeat_kv (query head h reads key/value head h // G). Scores and softmax are float32. A fully masked query row
@@ -9,10 +9,12 @@ repeat_kv (query head h reads key/value head h // G). Scores and softmax are flo
 from __future__ import annotations
 
 import jax
+import jax.extend
 import jax.numpy as jnp
-import numpy as np
 
-MASKED_SCORE = float(np.finfo(np.float32).min)
+from rstar_jax.model.causal_blockwise import MASKED_SCORE, causal_blockwise_attention
+from rstar_jax.model.config import ATTENTION_IMPLS
+from rstar_jax.model.segments import allowed_keys, causal_segment_mask
 
 
 def grouped_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array,
@@ -106,3 +108,47 @@ def cached_attention(q: jax.Array, cache_k: jax.Array, cache_v: jax.Array, new_k
     old_probs, new_probs = probs[..., :cached].astype(cache_v.dtype), probs[..., cached:].astype(new_v.dtype)
     return _heads_last(jnp.einsum("bkgts,bksd->bkgtd", old_probs, cache_v, precision=precision)
                        + jnp.einsum("bkgts,bskd->bkgtd", new_probs, new_v, precision=precision))
+
+
+def causal_attention(q: jax.Array, k: jax.Array, v: jax.Array, segment_ids: jax.Array, impl: str,
+                     precision: jax.lax.Precision = jax.lax.Precision.DEFAULT, block_size: int = 0) -> jax.Array:
+    """Training self-attention of q [B, T, Hkv, G, D] over k, v [B, T, Hkv, D] of the same tokens: causal, within
+    each row's segments (`segments.allowed_keys`; a 0/1 attention mask is one segment per row) -> [B, T, Hkv, G, D].
+
+    `impl` (ModelConfig.attention_impl, issue 12) picks how; every one gives the same numbers on every query that
+    reads at least one key:
+    - "dense": `grouped_attention` under the [B, T, T] mask (the reference; `block_size` > 0 streams its keys);
+    - "causal_blockwise": `causal_blockwise_attention` in `block_size` blocks, the blocks above the diagonal
+      skipped and no [T, T] array kept for the backward pass (the CPU training default);
+    - "dot_product": `jax.nn.dot_product_attention`, cuDNN's fused kernel where the backend and dtype allow it
+      (`fused_implementation`), XLA's otherwise.
+    """
+    if impl == "dense":
+        return grouped_attention(q, k, v, causal_segment_mask(segment_ids), precision, block_size)
+    if impl == "causal_blockwise":
+        return causal_blockwise_attention(q, k, v, segment_ids, block_size, precision)
+    if impl == "dot_product":
+        return dot_product_attention(q, k, v, segment_ids, fused_implementation(q.dtype))
+    raise ValueError(f"unknown attention implementation {impl!r}; choose from {ATTENTION_IMPLS}")
+
+
+def fused_implementation(dtype: jax.typing.DTypeLike, platform_version: str | None = None) -> str:
+    """`jax.nn.dot_product_attention`'s implementation for `dtype`: "cudnn" (fused flash attention) on a CUDA
+    backend for 16-bit inputs, the only ones cuDNN takes; "xla" everywhere else (CPU, ROCm, TPU, float32).
+    `platform_version` is the backend's (default: JAX's default backend; CUDA's reads "cuda <version>")."""
+    if platform_version is None:
+        platform_version = jax.extend.backend.get_backend().platform_version
+    cuda = platform_version.lower().startswith("cuda")
+    return "cudnn" if cuda and jnp.dtype(dtype) in (jnp.bfloat16, jnp.float16) else "xla"
+
+
+def dot_product_attention(q: jax.Array, k: jax.Array, v: jax.Array, segment_ids: jax.Array,
+                          implementation: str) -> jax.Array:
+    """`causal_attention` through `jax.nn.dot_product_attention` (GQA by its own head grouping: query head
+    h = kv * G + g reads key/value head kv, as here). Causality is its `is_causal` (cuDNN then skips the blocks
+    above the diagonal itself); the segment rule is a [B, 1, T, T] mask, which cuDNN turns into an additive bias."""
+    batch, length, kv_heads, groups, head_dim = q.shape
+    segments_mask = allowed_keys(segment_ids, segment_ids)[:, None]
+    out = jax.nn.dot_product_attention(q.reshape(batch, length, kv_heads * groups, head_dim), k, v,
+                                       mask=segments_mask, is_causal=True, implementation=implementation)
+    return out.reshape(q.shape)

@@ -1,7 +1,11 @@
-"""The decoder trunk: token embedding, the layer stack scanned over a leading layer axis, final RMSNorm.
+"""The decoder trunk: token embedding, the layer stack over a leading layer axis, final RMSNorm.
 
 Layers are one `nn.scan` over `DecoderLayer`, so parameters are stacked [L, ...] and compile time does not grow
-with depth; the optional remat policy wraps the scan body for training. The output head is not here: it is a pure
+with depth; the optional remat policy wraps each layer for training. With `ModelConfig.scan_layers` False the
+training forward (no KV cache) instead loops over the same stacked parameters in Python (issue 12): a scan's
+gradient stacks every layer's residuals into [L, ...] buffers, zero-filled, written and sliced again once per
+step, which cost about a fifth of the tiny model's step on XLA:CPU (measured); unrolled, each layer's residuals
+are plain buffers, at the price of compile time growing with depth. The output head is not here: it is a pure
 function of the hidden states (see `rstar_jax.model.lm`) so log-probs can be computed chunk by chunk.
 """
 
@@ -13,7 +17,7 @@ import flax.linen as nn
 import jax
 
 from rstar_jax.model.config import ModelConfig
-from rstar_jax.model.layers import CacheMasks, DecoderLayer, LayerCache, NewKeys, RMSNorm, rope_tables
+from rstar_jax.model.layers import DecoderLayer, LayerCache, Masks, NewKeys, RMSNorm, rope_tables
 from rstar_jax.parallel import constrain
 
 _REMAT_POLICIES: dict[str, Any] = {
@@ -23,7 +27,7 @@ _REMAT_POLICIES: dict[str, Any] = {
 
 
 def _layer_stack(config: ModelConfig) -> type[nn.Module]:
-    """DecoderLayer scanned over `num_layers`, rematerialised per `config.remat_policy`."""
+    """DecoderLayer scanned over `num_layers`, each layer rematerialised per `config.remat_policy`."""
     body: type[nn.Module] = DecoderLayer
     if config.remat_policy != "none":
         body = nn.remat(DecoderLayer, policy=_REMAT_POLICIES[config.remat_policy], prevent_cse=False)
@@ -40,7 +44,8 @@ def _layer_stack(config: ModelConfig) -> type[nn.Module]:
 class Backbone(nn.Module):
     """input ids [B, T] -> final hidden states [B, T, E] (and, given a KV cache, this call's keys and values).
 
-    Without a cache `mask` [B, T, T] says which keys each query may read. With one (keys, values, each stacked
+    Without a cache `mask` is the rows' `SegmentIds` (causal attention within segments: the training path) or a
+    [B, T, T] mask of the keys each query may read. With one (keys, values, each stacked
     [L, B, Hkv, max_len, D]), `mask` is (cached_mask, new_mask) of `cached_attention`; the cache is only read, and
     the new keys and values come back stacked [L, B, T, Hkv, D] for the caller to write (see `kv_cache.extend`).
     """
@@ -58,11 +63,30 @@ class Backbone(nn.Module):
         self,
         input_ids: jax.Array,
         positions: jax.Array,
-        mask: jax.Array | CacheMasks,
+        mask: Masks,
         cache: LayerCache | None = None,
     ) -> tuple[jax.Array, NewKeys | None]:
         cfg = self.config
         x = constrain(self.embed(input_ids), "batch", "seq", "embed")
         rope = rope_tables(positions, cfg.head_dim, cfg.rope_theta, cfg.jnp_dtype)
-        x, new_keys = self.layers(x, rope, mask, cache)
+        if cache is None and not cfg.scan_layers and not self.is_initializing():
+            x, new_keys = unrolled_layers(self.layers.variables["params"], cfg, x, rope, mask), None
+        else:
+            x, new_keys = self.layers(x, rope, mask, cache)
         return self.final_norm(x), new_keys
+
+
+def unrolled_layers(stacked: Any, config: ModelConfig, x: jax.Array, rope: tuple[jax.Array, jax.Array],
+                    mask: Masks) -> jax.Array:
+    """The layer stack as a Python loop over layer l's slice of the stacked parameters `stacked` ([L, ...] leaves),
+    each layer rematerialised per `config.remat_policy` (the same numbers as the scan)."""
+    layer = DecoderLayer(config, parent=None)
+
+    def apply(params: Any, x: jax.Array) -> jax.Array:
+        return layer.apply({"params": params}, x, rope, mask, None)[0]
+
+    if config.remat_policy != "none":
+        apply = jax.checkpoint(apply, policy=_REMAT_POLICIES[config.remat_policy], prevent_cse=False)
+    for index in range(config.num_layers):
+        x = apply(jax.tree.map(lambda leaf: leaf[index], stacked), x)
+    return x

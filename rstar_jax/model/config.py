@@ -16,6 +16,7 @@ import jax.numpy as jnp
 FAMILIES: tuple[str, ...] = ("qwen2", "qwen3")
 DTYPES: dict[str, Any] = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
 REMAT_POLICIES: tuple[str, ...] = ("none", "full", "dots_saveable")
+ATTENTION_IMPLS: tuple[str, ...] = ("dense", "causal_blockwise", "dot_product")
 PRECISIONS: dict[str, jax.lax.Precision] = {"default": jax.lax.Precision.DEFAULT, "high": jax.lax.Precision.HIGH,
                                             "highest": jax.lax.Precision.HIGHEST}
 
@@ -30,11 +31,16 @@ class ModelConfig:
 
     `head_dim` None means hidden_size // num_heads; `qkv_bias` / `qk_norm` None mean the family's default
     (Qwen2: q/k/v bias, no q/k norm; Qwen3: q/k norm, no bias). `o_bias` is Qwen3's `attention_bias` on o_proj.
-    `remat_policy` only affects training memory (none / full / dots_saveable), never the numbers.
+    `remat_policy` only affects training memory and time (none; full: each layer recomputed in the backward pass;
+    dots_saveable: only matmul outputs kept), never the numbers. `scan_layers` False runs the training forward's
+    layers as an unrolled loop (faster on CPU, compile time grows with depth; see `backbone`); decoding always scans.
     `matmul_precision` is XLA's precision for float32 matmuls: "default" lets GPUs/TPUs use reduced-precision
     passes (TF32, bf16), "highest" gives full float32 (what transformers parity at 1e-4 needs on those devices;
-    CPU is always full precision). `attention_block_size` > 0 streams keys through attention in blocks of that
-    size (memory O(T x block) instead of O(T x S) per head, for long training sequences); 0 is plain attention.
+    CPU is always full precision). `attention_impl` picks the training attention (issue 12; every one gives the
+    dense numbers, see `attention.causal_attention`): "dense" (the reference; `attention_block_size` > 0 streams
+    its keys in blocks of that size), "causal_blockwise" (blocks of `attention_block_size` > 0, the blocks above
+    the diagonal skipped) or "dot_product" (`jax.nn.dot_product_attention`, cuDNN's fused kernel on CUDA for
+    16-bit compute). Decoding over a KV cache always uses `attention.cached_attention`.
     """
 
     vocab_size: int
@@ -55,7 +61,9 @@ class ModelConfig:
     param_dtype: str = "float32"
     dtype: str = "float32"
     remat_policy: str = "none"
+    scan_layers: bool = True
     matmul_precision: str = "default"
+    attention_impl: str = "dense"
     attention_block_size: int = 0
     bos_token_id: int | None = None
     eos_token_id: int | tuple[int, ...] | None = None
@@ -96,6 +104,10 @@ class ModelConfig:
         if not isinstance(self.attention_block_size, int) or self.attention_block_size < 0:
             raise ValueError(f"ModelConfig.attention_block_size must be a non-negative integer, "
                              f"got {self.attention_block_size!r}")
+        if self.attention_impl not in ATTENTION_IMPLS:
+            raise ValueError(f"ModelConfig.attention_impl must be one of {ATTENTION_IMPLS}, got {self.attention_impl!r}")
+        if self.attention_impl == "causal_blockwise" and not self.attention_block_size:
+            raise ValueError("ModelConfig.attention_impl 'causal_blockwise' needs attention_block_size > 0")
         if self.rope_theta <= 0 or self.rms_norm_eps <= 0:
             raise ValueError("ModelConfig.rope_theta and rms_norm_eps must be positive")
 

@@ -13,13 +13,15 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from rstar_jax.model.attention import cached_attention, grouped_attention
+from rstar_jax.model.attention import cached_attention, causal_attention, grouped_attention
 from rstar_jax.model.config import ModelConfig
+from rstar_jax.model.segments import SegmentIds
 from rstar_jax.parallel import constrain
 
 LayerCache = tuple[jax.Array, jax.Array]  # one layer's cached keys, values: each [B, kv_heads, max_len, head_dim]
 NewKeys = tuple[jax.Array, jax.Array]  # one layer's keys, values of this call's tokens: each [B, T, kv_heads, head_dim]
 CacheMasks = tuple[jax.Array, jax.Array]  # (cached_mask [B, T or 1, max_len], new_mask [B, T, T])
+Masks = jax.Array | SegmentIds | CacheMasks  # what a layer's queries may read: see `Attention`
 _INIT = nn.initializers.normal(stddev=0.02)
 
 
@@ -86,7 +88,8 @@ def dense(config: ModelConfig, features: int, use_bias: bool, name: str) -> Dens
 class Attention(nn.Module):
     """Grouped-query self-attention with RoPE, optional q/k/v (and o) bias and Qwen3's per-head q/k RMSNorm.
 
-    Without a cache the keys are this call's tokens, read under `mask` [B, T, T]. With a layer's cache (keys,
+    Without a cache the keys are this call's tokens, read causally within `SegmentIds` (the training path, in the
+    configured implementation) or under a [B, T, T] `mask`. With a layer's cache (keys,
     values), `mask` is (cached_mask, new_mask): the queries read the cached keys and this call's own keys (see
     `cached_attention`); the cache is only read. Returns the output and this call's keys and values (cast through
     the cache's dtype, exactly as a later call will read them), which the caller writes into the cache.
@@ -99,7 +102,7 @@ class Attention(nn.Module):
         self,
         x: jax.Array,
         rope: tuple[jax.Array, jax.Array],
-        mask: jax.Array | CacheMasks,
+        mask: Masks,
         cache: LayerCache | None,
     ) -> tuple[jax.Array, NewKeys | None]:
         cfg = self.config
@@ -119,7 +122,11 @@ class Attention(nn.Module):
         grouped_q = q.reshape(batch, length, kv_heads, cfg.num_groups, head_dim)
         if cache is None:
             new_keys = None
-            out = grouped_attention(grouped_q, k, v, mask, cfg.jax_precision, cfg.attention_block_size)
+            if isinstance(mask, SegmentIds):
+                out = causal_attention(grouped_q, k, v, mask.ids, cfg.attention_impl, cfg.jax_precision,
+                                       cfg.attention_block_size)
+            else:
+                out = grouped_attention(grouped_q, k, v, mask, cfg.jax_precision, cfg.attention_block_size)
         else:
             cache_k, cache_v = cache
             k, v = k.astype(cache_k.dtype), v.astype(cache_v.dtype)
@@ -156,7 +163,7 @@ class DecoderLayer(nn.Module):
         self,
         x: jax.Array,
         rope: tuple[jax.Array, jax.Array],
-        mask: jax.Array | CacheMasks,
+        mask: Masks,
         cache: LayerCache | None,
     ) -> tuple[jax.Array, NewKeys | None]:
         cfg = self.config

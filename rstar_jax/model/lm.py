@@ -14,21 +14,24 @@ import jax.numpy as jnp
 
 from rstar_jax.model.backbone import Backbone
 from rstar_jax.model.config import ModelConfig
-from rstar_jax.parallel import constrain
+from rstar_jax.model.segments import SegmentIds, causal_segment_mask, segment_positions
+from rstar_jax.model.token_head import fused_token_logprobs, head_logits, head_weight
 
 Params = dict
 
 
 def positions_from_mask(attention_mask: jax.Array) -> jax.Array:
-    """Token positions for a padded batch: cumsum(mask) - 1 clipped at 0, so left padding does not shift RoPE."""
-    return jnp.maximum(jnp.cumsum(attention_mask.astype(jnp.int32), axis=-1) - 1, 0)
+    """Token positions for a padded batch: cumsum(mask) - 1 clipped at 0, so left padding does not shift RoPE.
+
+    The mask may also hold segment ids (several sequences packed in a row, `rstar_jax.model.segments`): each
+    segment's positions then start at 0."""
+    return segment_positions(attention_mask)
 
 
 def causal_padding_mask(attention_mask: jax.Array) -> jax.Array:
-    """[B, T, T] True where query t may read key s: s <= t and s is a real token."""
-    length = attention_mask.shape[-1]
-    causal = jnp.arange(length)[:, None] >= jnp.arange(length)[None, :]
-    return causal[None] & attention_mask.astype(bool)[:, None, :]
+    """[B, T, T] True where query t may read key s: s <= t and s is a real token (of t's segment, when the mask
+    holds segment ids)."""
+    return causal_segment_mask(attention_mask.astype(jnp.int32))
 
 
 @functools.partial(jax.jit, static_argnums=0)
@@ -45,24 +48,16 @@ def init_params(config: ModelConfig, rng: jax.Array) -> Params:
 
 def logits_from_hidden(params: Params, config: ModelConfig, hidden: jax.Array) -> jax.Array:
     """Output head: hidden [B, T, E] -> float32 logits [B, T, V] (tied embedding or lm_head), f32 accumulation."""
-    hidden = hidden.astype(config.jnp_dtype)
-    if config.tie_word_embeddings:
-        embedding = params["embed"]["embedding"].astype(config.jnp_dtype)
-        logits = jnp.einsum("bte,ve->btv", hidden, embedding, preferred_element_type=jnp.float32,
-                            precision=config.jax_precision)
-    else:
-        kernel = params["lm_head"]["kernel"].astype(config.jnp_dtype)
-        logits = jnp.einsum("bte,ev->btv", hidden, kernel, preferred_element_type=jnp.float32,
-                            precision=config.jax_precision)
-    return constrain(logits, "batch", "seq", "vocab")
+    return head_logits(head_weight(params, config), config, hidden)
 
 
 def hidden_states(params: Params, config: ModelConfig, input_ids: jax.Array, positions: jax.Array,
                   attention_mask: jax.Array) -> jax.Array:
-    """Final-norm hidden states [B, T, E] of a padded batch under the causal + padding mask."""
+    """Final-norm hidden states [B, T, E] of a padded batch under the causal + padding mask (causal within
+    segments when `attention_mask` holds segment ids), attention by `config.attention_impl`."""
     _check_batch(input_ids, positions, attention_mask)
     hidden, _ = Backbone(config).apply({"params": params}, input_ids.astype(jnp.int32), positions.astype(jnp.int32),
-                                       causal_padding_mask(attention_mask))
+                                       SegmentIds(attention_mask.astype(jnp.int32)))
     return hidden
 
 
@@ -78,8 +73,9 @@ def token_logprobs(params: Params, config: ModelConfig, input_ids: jax.Array, po
                    attention_mask: jax.Array, targets: jax.Array, chunk_size: int = 512) -> jax.Array:
     """log p(targets[b, t] | input_ids[b, :t+1]) as float32 [B, T], for the GRPO loss (SPEC section 4, step 6).
 
-    The vocabulary projection runs over `chunk_size` positions at a time and is rematerialised in the backward
-    pass, so at most [B, chunk_size, V] logits exist at once instead of [B, T, V].
+    The vocabulary projection is fused with the log-softmax and the gather (`rstar_jax.model.token_head`): it runs
+    over `chunk_size` positions at a time, forward and backward, so at most [B, chunk_size, V] logits exist at once
+    instead of [B, T, V], and the gradient keeps only a log-sum-exp per token.
     """
     _check_targets(input_ids, targets, chunk_size)
     return _token_logprobs(params, config, input_ids, positions, attention_mask, targets, chunk_size, False)[0]
@@ -107,32 +103,9 @@ def _token_logprobs(params: Params, config: ModelConfig, input_ids: jax.Array, p
                     attention_mask: jax.Array, targets: jax.Array, chunk_size: int,
                     with_entropy: bool) -> tuple[jax.Array, jax.Array | None]:
     hidden = hidden_states(params, config, input_ids, positions, attention_mask)
-    batch, length, embed = hidden.shape
-    chunk = min(chunk_size, length)
-    num_chunks = -(-length // chunk)
-    pad = num_chunks * chunk - length
-    hidden = jnp.pad(hidden, ((0, 0), (0, pad), (0, 0)))
-    padded_targets = jnp.pad(targets.astype(jnp.int32), ((0, 0), (0, pad)))
-    hidden_chunks = hidden.reshape(batch, num_chunks, chunk, embed).swapaxes(0, 1)
-    target_chunks = padded_targets.reshape(batch, num_chunks, chunk).swapaxes(0, 1)
-
-    @jax.checkpoint
-    def chunk_logprobs(pair: tuple[jax.Array, jax.Array]) -> tuple[jax.Array, jax.Array]:
-        hidden_chunk, target_chunk = pair
-        logits = logits_from_hidden(params, config, hidden_chunk)
-        normaliser = jax.nn.logsumexp(logits, axis=-1)
-        picked = jnp.take_along_axis(logits, target_chunk[..., None], axis=-1)[..., 0] - normaliser
-        if not with_entropy:
-            return picked, jnp.zeros_like(picked)
-        probs = jax.nn.softmax(logits, axis=-1)
-        return picked, normaliser - jnp.sum(probs * logits, axis=-1)
-
-    logprobs, entropy = jax.lax.map(chunk_logprobs, (hidden_chunks, target_chunks))
-
-    def unchunk(values: jax.Array) -> jax.Array:
-        return values.swapaxes(0, 1).reshape(batch, num_chunks * chunk)[:, :length]
-
-    return unchunk(logprobs), (unchunk(entropy) if with_entropy else None)
+    logprobs, entropy = fused_token_logprobs(head_weight(params, config), config, hidden, targets, chunk_size,
+                                             with_entropy)
+    return logprobs, (entropy if with_entropy else None)
 
 
 def _check_batch(input_ids: jax.Array, positions: jax.Array, attention_mask: jax.Array) -> None:

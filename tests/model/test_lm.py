@@ -1,4 +1,5 @@
-"""The functional learner API: init_params' tree, token_logprobs against log_softmax(forward), remat invariance."""
+"""The functional learner API: init_params' tree, token_logprobs (and entropies, and their gradients) against
+log_softmax(forward), invariance to chunking, remat, the layer loop and mixed precision."""
 
 import dataclasses
 
@@ -7,7 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from rstar_jax.model import forward, init_params, positions_from_mask, token_logprobs
+from rstar_jax.model import forward, init_params, positions_from_mask, token_logprobs, token_logprobs_and_entropy
 from rstar_jax.model.config import ModelConfig
 
 CONFIG = ModelConfig(family="qwen3", vocab_size=72, hidden_size=32, intermediate_size=40, num_layers=2, num_heads=4,
@@ -124,3 +125,77 @@ def test_shape_errors_name_the_argument():
         forward(params, CONFIG, ids[0], positions[0], mask[0])
     with pytest.raises(ValueError, match="targets shape"):
         token_logprobs(params, CONFIG, ids, positions, mask, targets[:, :3])
+
+
+def entropy_of(logits: np.ndarray) -> np.ndarray:
+    """-sum p log p over the last axis in float64 numpy."""
+    logits = logits.astype(np.float64)
+    log_probs = logits - logits.max(axis=-1, keepdims=True)
+    log_probs -= np.log(np.exp(log_probs).sum(axis=-1, keepdims=True))
+    return -(np.exp(log_probs) * log_probs).sum(axis=-1)
+
+
+@pytest.mark.parametrize("tied", [False, True])
+def test_fused_logprobs_and_entropy_and_their_gradient_equal_the_forward_based_ones(tied):
+    """The fused head (one logits pass forward, one backward, d logits formed by hand) against log_softmax and the
+    entropy of `forward`'s logits, values and gradient of a weighted sum of both; chunk 4 does not divide T = 10."""
+    config = dataclasses.replace(CONFIG, tie_word_embeddings=tied)
+    params = init_params(config, jax.random.key(4))
+    ids, positions, mask, targets = batch(config, seed=2)
+    logits = np.asarray(forward(params, config, ids, positions, mask))
+    logprobs, entropy = token_logprobs_and_entropy(params, config, ids, positions, mask, targets, chunk_size=4)
+    np.testing.assert_allclose(logprobs, picked_log_softmax(logits, targets), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(entropy, entropy_of(logits), rtol=1e-5, atol=1e-5)
+    rng = np.random.default_rng(5)
+    w_logprob, w_entropy = (jnp.asarray(rng.normal(size=ids.shape) * mask, jnp.float32) for _ in range(2))
+
+    def via_forward(p):
+        out = forward(p, config, ids, positions, mask)
+        log_probs = jax.nn.log_softmax(out)
+        picked = jnp.take_along_axis(log_probs, targets[..., None], axis=-1)[..., 0]
+        ent = -jnp.sum(jnp.exp(log_probs) * log_probs, axis=-1)
+        return jnp.sum(picked * w_logprob + ent * w_entropy)
+
+    def fused(p):
+        picked, ent = token_logprobs_and_entropy(p, config, ids, positions, mask, targets, chunk_size=4)
+        return jnp.sum(picked * w_logprob + ent * w_entropy)
+
+    expected = jax.jit(jax.grad(via_forward))(params)
+    actual = jax.jit(jax.grad(fused))(params)
+    for (path, got), want in zip(jax.tree_util.tree_leaves_with_path(actual), jax.tree_util.tree_leaves(expected)):
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-6, err_msg=jax.tree_util.keystr(path))
+
+
+@pytest.mark.parametrize("policy", ["none", "full"])
+def test_unrolled_layers_give_the_scanned_numbers(policy):
+    """scan_layers False (a Python loop over the stacked parameters) changes neither the logits nor the gradient."""
+    scanned = dataclasses.replace(CONFIG, remat_policy=policy)
+    unrolled = dataclasses.replace(scanned, scan_layers=False)
+    params = init_params(CONFIG, jax.random.key(6))
+    ids, positions, mask, targets = batch(CONFIG, seed=3)
+    np.testing.assert_allclose(forward(params, unrolled, ids, positions, mask),
+                               forward(params, scanned, ids, positions, mask), rtol=1e-6, atol=1e-6)
+
+    def loss(p, config):
+        return jnp.sum(token_logprobs(p, config, ids, positions, mask, targets) * mask)
+
+    grad = jax.jit(jax.grad(loss), static_argnums=1)
+    for (path, got), want in zip(jax.tree_util.tree_leaves_with_path(grad(params, unrolled)),
+                                 jax.tree_util.tree_leaves(grad(params, scanned))):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-7, err_msg=jax.tree_util.keystr(path))
+
+
+def test_mixed_precision_keeps_float32_weights_gradients_and_logprobs():
+    """dtype bfloat16 with param_dtype float32 (gin/model/bf16.gin): float32 master weights and gradients, float32
+    log-probs (softmax statistics in float32) within bfloat16 rounding of the float32 model's."""
+    mixed = dataclasses.replace(CONFIG, dtype="bfloat16")
+    params = init_params(CONFIG, jax.random.key(7))
+    ids, positions, mask, targets = batch(CONFIG, seed=4)
+    exact = token_logprobs(params, CONFIG, ids, positions, mask, targets)
+    low = token_logprobs(params, mixed, ids, positions, mask, targets)
+    assert low.dtype == jnp.float32
+    real = mask.astype(bool)
+    np.testing.assert_allclose(np.asarray(low)[real], np.asarray(exact)[real], atol=0.05)
+    assert float(np.abs(np.asarray(low) - np.asarray(exact))[real].max()) > 1e-5  # bfloat16 really computed
+    grads = jax.grad(lambda p: jnp.sum(token_logprobs(p, mixed, ids, positions, mask, targets) * mask))(params)
+    assert all(leaf.dtype == jnp.float32 for leaf in jax.tree_util.tree_leaves(grads))
