@@ -6,6 +6,7 @@ every later piece of a trajectory is appended to those ids (DESIGN.md, "Token id
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 import gin
@@ -43,6 +44,24 @@ TOOL_SCHEMA: dict[str, Any] = {
 
 
 @gin.configurable
+def tool_schema(description: str | None = None, code_description: str | None = None,
+                input_description: str | None = None) -> dict[str, Any]:
+    """The tool's JSON schema for the system turn (SPEC 2): `TOOL_SCHEMA` with any description replaced.
+
+    Gin knobs so a small model can be given shorter wording (every word of the system turn is prefilled and trained
+    on in every trajectory); the name, parameters and required fields never change.
+    """
+    schema = copy.deepcopy(TOOL_SCHEMA)
+    function = schema["function"]
+    if description is not None:
+        function["description"] = description
+    for name, text in (("code", code_description), ("input", input_description)):
+        if text is not None:
+            function["parameters"]["properties"][name]["description"] = text
+    return schema
+
+
+@gin.configurable
 def prompt_messages(
     question: str,
     system_prompt: str = SYSTEM_PROMPT,
@@ -63,7 +82,7 @@ def prompt_messages(
 def prompt_text(tokenizer: PreTrainedTokenizerBase, question: str) -> str:
     """The rendered prompt text (system turn with the tool schema, user turn, open assistant turn)."""
     return tokenizer.apply_chat_template(
-        prompt_messages(question), tools=[TOOL_SCHEMA], add_generation_prompt=True, tokenize=False
+        prompt_messages(question), tools=[tool_schema()], add_generation_prompt=True, tokenize=False
     )
 
 
@@ -74,7 +93,7 @@ def prompt_token_ids(tokenizer: PreTrainedTokenizerBase, question: str) -> list[
     """
     encoded = tokenizer.apply_chat_template(
         prompt_messages(question),
-        tools=[TOOL_SCHEMA],
+        tools=[tool_schema()],
         add_generation_prompt=True,
         tokenize=True,
         return_dict=True,

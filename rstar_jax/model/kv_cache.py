@@ -129,7 +129,8 @@ def _prefill_slot(params: Params, config: ModelConfig, cache: KVCache, slot: jax
     row = KVCache(jax.lax.dynamic_slice_in_dim(cache.keys, slot, 1, axis=1),
                   jax.lax.dynamic_slice_in_dim(cache.values, slot, 1, axis=1),
                   jnp.zeros((1,), jnp.int32))
-    logits, row = extend(params, config, row, input_ids[None], attention_mask[None], all_logits=all_logits)
+    # The slot starts empty: attend over one (masked) cache position, not max_len of them.
+    logits, row = extend(params, config, row, input_ids[None], attention_mask[None], all_logits=all_logits, window=1)
     new_cache = KVCache(jax.lax.dynamic_update_slice_in_dim(cache.keys, row.keys, slot, axis=1),
                         jax.lax.dynamic_update_slice_in_dim(cache.values, row.values, slot, axis=1),
                         jax.lax.dynamic_update_slice_in_dim(cache.lengths, row.lengths, slot, axis=0))

@@ -6,9 +6,9 @@ Two phases on one optimiser schedule:
    and the turns' layout on sequences a quarter as long;
 2. whole transcripts (`rstar_jax.train.sft_data`): agent-format chats of the synthetic tool tasks with the real
    sandbox server's outputs, system prompt and tool schema included, as rollouts will see them.
-Drill batches are a pure function of the step; transcripts come from grain iterators. Every `save_every` steps one
-orbax Composite checkpoint holds the TrainState and both iterators, so a killed run started again with the same
-folder resumes and ends with bit-identical parameters. Metrics go through the shared `MetricsWriter`.
+Drill batches are a pure function of the step; transcripts come from grain iterators. Every `save_every` steps
+(and after the last) one orbax Composite checkpoint holds the TrainState and both iterators, so a killed run started
+again with the same folder resumes and ends with bit-identical parameters. Metrics go through the shared `MetricsWriter`.
 """
 
 from __future__ import annotations
@@ -135,7 +135,7 @@ def train_sft(out: str | Path, steps: int = 100, batch_size: int = 16, num_trans
             if stop_at_step is not None and step + 1 >= stop_at_step:
                 manager.wait_until_finished()
                 return None
-            if (step + 1) % save_every == 0:
+            if (step + 1) % save_every == 0 or step + 1 == total:
                 _save(manager, state, iterators)
         manager.wait_until_finished()
         log = writer.entries
