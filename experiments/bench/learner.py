@@ -11,7 +11,9 @@ weights (the JAX parameters written with `save_hf` and loaded by transformers) a
 Old log-probs are filled in (and perturbed, so the ratio clips) before timing, on both sides. The step's achieved
 FLOP/s is compared with this machine's float32 matmul peak, measured in the same run by timing a large jitted
 `jnp.dot`. All timings alternate round by round (warm-up rounds, then the median of the timed ones), so load from
-other processes hits every one alike and the ratios stay meaningful; the load average is reported with them.
+other processes hits every one alike and the ratios stay meaningful; the load average and the share of the CPUs
+other processes took during the timed rounds are reported with them (torch's thread pool suffers far more from
+contention than JAX's, so only figures from a quiet machine say how the two compare).
 
 FLOPs are counted analytically, the same count for both implementations and both steps:
   dense     = 6 * (matmul parameters) * tokens  (2 forward + 4 backward per multiply-add; every projection of every
@@ -23,7 +25,7 @@ FLOPs are counted analytically, the same count for both implementations and both
 time that is not matmul at peak goes.
 
     python -m experiments.bench.learner --json artifacts/bench_learner.json          # every configuration
-    python -m experiments.bench.learner --configs tiny_256 --gin_param "ModelConfig.scan_layers = True"
+    python -m experiments.bench.learner --configs tiny_256 --gin_param "ModelConfig.remat_policy = 'none'"
 """
 
 from __future__ import annotations
@@ -128,6 +130,17 @@ def reuse_freed_memory() -> None:
     for option, value in ((-4, 0), (-1, 2**31 - 1), (-8, 1)):  # M_MMAP_MAX, M_TRIM_THRESHOLD, M_ARENA_MAX
         if not libc.mallopt(option, value):
             raise OSError(f"mallopt({option}, {value}) failed")
+
+
+def busy_cpu_seconds() -> tuple[float, float]:
+    """(CPU seconds every process of the machine has used since boot, CPU seconds this process has used): their
+    difference over a run is what other processes took from it, a sharper measure of contention than the load
+    average (which lags by a minute)."""
+    with open("/proc/stat") as handle:
+        fields = [float(value) for value in handle.readline().split()[1:]]
+    idle = fields[3] + fields[4]  # idle, iowait
+    own = os.times()
+    return (sum(fields[:8]) - idle) / os.sysconf("SC_CLK_TCK"), own.user + own.system
 
 
 def time_rounds(calls: dict[str, Callable[[], Any]], warmup: int, iters: int) -> dict[str, list[float]]:
@@ -305,7 +318,11 @@ def run_configuration(config: ModelConfig, configuration: Configuration, warmup:
         model = torch_model(model_dir)
     calls["torch loss"], infos["torch loss"] = torch_loss_call(model, loss_batch)
     calls["torch grpo"], infos["torch grpo"] = torch_grpo_call(model, batches)
-    seconds = time_rounds({"matmul": matmul_call(matmul_size), **calls}, warmup, iters)
+    probe = matmul_call(matmul_size)
+    (machine_before, own_before), wall_before = busy_cpu_seconds(), time.perf_counter()
+    seconds = time_rounds({"matmul": probe, **calls}, warmup, iters)
+    (machine_after, own_after), wall = busy_cpu_seconds(), time.perf_counter() - wall_before
+    others = (machine_after - machine_before) - (own_after - own_before)
     peak_s = statistics.median(seconds.pop("matmul"))
     peak = {"size": matmul_size, "median_s": peak_s, "flops_per_s": 2 * matmul_size**3 / peak_s}
     flops = train_step_flops(config, rows, seq)
@@ -315,7 +332,7 @@ def run_configuration(config: ModelConfig, configuration: Configuration, warmup:
         "model": config.to_hf_dict() | {"param_count": int(sum(x.size for x in jax.tree.leaves(params))),
                                         "attention_impl": config.attention_impl,
                                         "attention_block_size": config.attention_block_size,
-                                        "scan_layers": config.scan_layers, "remat_policy": config.remat_policy,
+                                        "remat_policy": config.remat_policy,
                                         "compute_dtype": config.dtype},
         "rows": rows, "seq": seq, "micro_batches": configuration.micro_batches, "tokens_per_step": rows * seq,
         "flops_per_step": dataclasses.asdict(flops) | {"total": flops.total},
@@ -326,6 +343,7 @@ def run_configuration(config: ModelConfig, configuration: Configuration, warmup:
         "loss_abs_difference": {step: abs(sides[f"jax {step}"]["loss"] - sides[f"torch {step}"]["loss"])
                                 for step in STEPS},
         "load_average_1m_at_end": os.getloadavg()[0],
+        "other_processes_cpu_share": max(others, 0.0) / (wall * os.cpu_count()),
     }
     if profile:
         step = jax.jit(jax.value_and_grad(sft_loss), static_argnums=1)
@@ -359,7 +377,7 @@ def run_benchmark(names: Sequence[str], warmup: int, iters: int, matmul_size: in
 def format_table(result: dict[str, Any]) -> str:
     """Human-readable summary of `run_benchmark`'s result: one row per configuration and step."""
     lines = [f"| configuration | step | JAX ms | torch ms | JAX tokens/s | torch tokens/s | JAX / torch | "
-             f"JAX % of peak | torch % of peak | |loss diff| | load |", "|---" * 11 + "|"]
+             f"JAX % of peak | torch % of peak | |loss diff| | load | others' CPU |", "|---" * 12 + "|"]
     for name, config in result["configurations"].items():
         for step in STEPS:
             jax_side, torch_side = config["steps"][f"jax {step}"], config["steps"][f"torch {step}"]
@@ -368,7 +386,8 @@ def format_table(result: dict[str, Any]) -> str:
                 f"{torch_side['median_step_s'] * 1e3:.1f} | {jax_side['tokens_per_s']:,.0f} | "
                 f"{torch_side['tokens_per_s']:,.0f} | {config['jax_over_torch'][step]:.2f}x | "
                 f"{jax_side['fraction_of_peak'] * 100:.1f}% | {torch_side['fraction_of_peak'] * 100:.1f}% | "
-                f"{config['loss_abs_difference'][step]:.1e} | {config['load_average_1m_at_end']:.1f} |")
+                f"{config['loss_abs_difference'][step]:.1e} | {config['load_average_1m_at_end']:.1f} | "
+                f"{config['other_processes_cpu_share'] * 100:.0f}% |")
     lines.append("")
     for name, config in result["configurations"].items():
         model, flops = config["model"], config["flops_per_step"]
@@ -376,7 +395,8 @@ def format_table(result: dict[str, Any]) -> str:
             f"{name}: {model['model_type']} V={model['vocab_size']} E={model['hidden_size']} "
             f"L={model['num_hidden_layers']} heads={model['num_attention_heads']}/{model['num_key_value_heads']} "
             f"D={model['head_dim']} F={model['intermediate_size']} ({model['param_count']:,} params), attention "
-            f"{model['attention_impl']} (block {model['attention_block_size']}), scan_layers {model['scan_layers']}; "
+            f"{model['attention_impl']} (block {model['attention_block_size']}), remat {model['remat_policy']}, "
+            f"compute {model['compute_dtype']}; "
             f"{flops['total'] / 1e9:.1f} GFLOP/step; matmul peak {config['matmul_peak']['flops_per_s'] / 1e9:.1f} "
             f"GFLOP/s; JAX compile + first step {config['steps']['jax loss']['compile_and_first_step_s']:.1f} s")
         if "jax_loss_profile_ms" in config:
@@ -386,7 +406,8 @@ def format_table(result: dict[str, Any]) -> str:
                 f"{category} {ms:.1f} ms ({100 * ms / total:.0f}%)" for category, ms in profile.items()))
     environment = result["environment"]
     lines.append(f"machine: {environment['cpu_count']} cores, median of {result['iters']} interleaved rounds after "
-                 f"{result['warmup']} warm-up, 1-minute load average at the end {environment['load_average_1m_at_end']:.1f}")
+                 f"{result['warmup']} warm-up, 1-minute load average at the end "
+                 f"{environment['load_average_1m_at_end']:.1f}")
     return "\n".join(lines)
 
 
@@ -404,7 +425,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--keep_malloc_defaults", action="store_true",
                         help="do not call reuse_freed_memory() (measures what it is worth)")
     parser.add_argument("--gin_file", action="append", default=[], help="gin file binding ModelConfig fields")
-    parser.add_argument("--gin_param", action="append", default=[], help="e.g. 'ModelConfig.scan_layers = True'")
+    parser.add_argument("--gin_param", action="append", default=[], help="e.g. \"ModelConfig.remat_policy = 'none'\"")
     parser.add_argument("--json", dest="json_path", help="write every figure to this JSON file")
     args = parser.parse_args(argv)
     if not args.keep_malloc_defaults:

@@ -1,12 +1,11 @@
-"""The decoder trunk: token embedding, the layer stack over a leading layer axis, final RMSNorm.
+"""The decoder trunk: token embedding, the layer stack scanned over a leading layer axis, final RMSNorm.
 
 Layers are one `nn.scan` over `DecoderLayer`, so parameters are stacked [L, ...] and compile time does not grow
-with depth; the optional remat policy wraps each layer for training. With `ModelConfig.scan_layers` False the
-training forward (no KV cache) instead loops over the same stacked parameters in Python (issue 12): a scan's
-gradient stacks every layer's residuals into [L, ...] buffers, zero-filled, written and sliced again once per
-step, which cost about a fifth of the tiny model's step on XLA:CPU (measured); unrolled, each layer's residuals
-are plain buffers, at the price of compile time growing with depth. The output head is not here: it is a pure
-function of the hidden states (see `rstar_jax.model.lm`) so log-probs can be computed chunk by chunk.
+with depth; the optional remat policy wraps each layer for training. The scan's gradient keeps every layer's
+residuals in stacked [L, ...] buffers (zero-filled, written, sliced again each step); a remat policy that keeps
+fewer of them is faster on XLA:CPU as well as smaller (issue 12: "dots_saveable" took the wide benchmark model's
+step from 10.8 to 9.9 s, measured). The output head is not here: it is a pure function of the hidden states (see
+`rstar_jax.model.lm`) so log-probs can be computed chunk by chunk.
 """
 
 from __future__ import annotations
@@ -69,24 +68,6 @@ class Backbone(nn.Module):
         cfg = self.config
         x = constrain(self.embed(input_ids), "batch", "seq", "embed")
         rope = rope_tables(positions, cfg.head_dim, cfg.rope_theta, cfg.jnp_dtype)
-        if cache is None and not cfg.scan_layers and not self.is_initializing():
-            x, new_keys = unrolled_layers(self.layers.variables["params"], cfg, x, rope, mask), None
-        else:
-            x, new_keys = self.layers(x, rope, mask, cache)
+        x, new_keys = self.layers(x, rope, mask, cache)
         return self.final_norm(x), new_keys
 
-
-def unrolled_layers(stacked: Any, config: ModelConfig, x: jax.Array, rope: tuple[jax.Array, jax.Array],
-                    mask: Masks) -> jax.Array:
-    """The layer stack as a Python loop over layer l's slice of the stacked parameters `stacked` ([L, ...] leaves),
-    each layer rematerialised per `config.remat_policy` (the same numbers as the scan)."""
-    layer = DecoderLayer(config, parent=None)
-
-    def apply(params: Any, x: jax.Array) -> jax.Array:
-        return layer.apply({"params": params}, x, rope, mask, None)[0]
-
-    if config.remat_policy != "none":
-        apply = jax.checkpoint(apply, policy=_REMAT_POLICIES[config.remat_policy], prevent_cse=False)
-    for index in range(config.num_layers):
-        x = apply(jax.tree.map(lambda leaf: leaf[index], stacked), x)
-    return x

@@ -63,7 +63,7 @@ def _band_scores(q_blocks: jax.Array, k_blocks: jax.Array, segment_blocks: jax.A
     allowed = allowed_keys(segment_blocks[band:], segment_blocks[:blocks - band])  # [n - band, B, block, block]
     if band == 0:
         allowed = allowed & (jnp.arange(block)[:, None] >= jnp.arange(block)[None, :])
-    return jnp.where(allowed[:, :, None, None], scores, MASKED_SCORE)
+    return scores + jnp.where(allowed, 0.0, MASKED_SCORE)[:, :, None, None]
 
 
 def _suffix_update(full: jax.Array, band: int, value: jax.Array) -> jax.Array:

@@ -32,8 +32,7 @@ class ModelConfig:
     `head_dim` None means hidden_size // num_heads; `qkv_bias` / `qk_norm` None mean the family's default
     (Qwen2: q/k/v bias, no q/k norm; Qwen3: q/k norm, no bias). `o_bias` is Qwen3's `attention_bias` on o_proj.
     `remat_policy` only affects training memory and time (none; full: each layer recomputed in the backward pass;
-    dots_saveable: only matmul outputs kept), never the numbers. `scan_layers` False runs the training forward's
-    layers as an unrolled loop (faster on CPU, compile time grows with depth; see `backbone`); decoding always scans.
+    dots_saveable: only matmul outputs kept, the rest recomputed; see `backbone`), never the numbers.
     `matmul_precision` is XLA's precision for float32 matmuls: "default" lets GPUs/TPUs use reduced-precision
     passes (TF32, bf16), "highest" gives full float32 (what transformers parity at 1e-4 needs on those devices;
     CPU is always full precision). `attention_impl` picks the training attention (issue 12; every one gives the
@@ -61,7 +60,6 @@ class ModelConfig:
     param_dtype: str = "float32"
     dtype: str = "float32"
     remat_policy: str = "none"
-    scan_layers: bool = True
     matmul_precision: str = "default"
     attention_impl: str = "dense"
     attention_block_size: int = 0
@@ -105,7 +103,8 @@ class ModelConfig:
             raise ValueError(f"ModelConfig.attention_block_size must be a non-negative integer, "
                              f"got {self.attention_block_size!r}")
         if self.attention_impl not in ATTENTION_IMPLS:
-            raise ValueError(f"ModelConfig.attention_impl must be one of {ATTENTION_IMPLS}, got {self.attention_impl!r}")
+            raise ValueError(f"ModelConfig.attention_impl must be one of {ATTENTION_IMPLS}, "
+                             f"got {self.attention_impl!r}")
         if self.attention_impl == "causal_blockwise" and not self.attention_block_size:
             raise ValueError("ModelConfig.attention_impl 'causal_blockwise' needs attention_block_size > 0")
         if self.rope_theta <= 0 or self.rms_norm_eps <= 0:

@@ -49,6 +49,7 @@ def rope_tables(positions: jax.Array, head_dim: int, theta: float, dtype: Any) -
     return jnp.cos(angles).astype(dtype), jnp.sin(angles).astype(dtype)
 
 
+@jax.named_scope("rope")
 def apply_rope(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
     """Rotate x [B, T, H, D] by the tables [B, T, D] (rotate_half convention: halves, not interleaved pairs)."""
     half = x.shape[-1] // 2

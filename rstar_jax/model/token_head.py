@@ -105,7 +105,8 @@ def _fused_bwd(config: ModelConfig, with_entropy: bool, residuals: tuple[jax.Arr
         # d logp(target) / d logits = onehot - p; d entropy / d logits = -p (log p + entropy).
         d_logits = d_logprob[..., None] * (one_hot - probs)
         if with_entropy:
-            d_logits = d_logits - d_chunk_entropy[..., None] * probs * (logits - lse[..., None] + chunk_entropy[..., None])
+            log_probs = logits - lse[..., None]
+            d_logits = d_logits - d_chunk_entropy[..., None] * probs * (log_probs + chunk_entropy[..., None])
         # Flat [B*C, .] matmuls: XLA:CPU runs a weight gradient that contracts two leading axes far slower.
         flat_d_logits = d_logits.astype(compute).reshape(-1, d_logits.shape[-1])
         flat_hidden = hidden.astype(compute).reshape(-1, hidden.shape[-1])

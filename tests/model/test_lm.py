@@ -1,5 +1,5 @@
 """The functional learner API: init_params' tree, token_logprobs (and entropies, and their gradients) against
-log_softmax(forward), invariance to chunking, remat, the layer loop and mixed precision."""
+log_softmax(forward), invariance to chunking and remat, and mixed precision."""
 
 import dataclasses
 
@@ -164,25 +164,6 @@ def test_fused_logprobs_and_entropy_and_their_gradient_equal_the_forward_based_o
     actual = jax.jit(jax.grad(fused))(params)
     for (path, got), want in zip(jax.tree_util.tree_leaves_with_path(actual), jax.tree_util.tree_leaves(expected)):
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-6, err_msg=jax.tree_util.keystr(path))
-
-
-@pytest.mark.parametrize("policy", ["none", "full"])
-def test_unrolled_layers_give_the_scanned_numbers(policy):
-    """scan_layers False (a Python loop over the stacked parameters) changes neither the logits nor the gradient."""
-    scanned = dataclasses.replace(CONFIG, remat_policy=policy)
-    unrolled = dataclasses.replace(scanned, scan_layers=False)
-    params = init_params(CONFIG, jax.random.key(6))
-    ids, positions, mask, targets = batch(CONFIG, seed=3)
-    np.testing.assert_allclose(forward(params, unrolled, ids, positions, mask),
-                               forward(params, scanned, ids, positions, mask), rtol=1e-6, atol=1e-6)
-
-    def loss(p, config):
-        return jnp.sum(token_logprobs(p, config, ids, positions, mask, targets) * mask)
-
-    grad = jax.jit(jax.grad(loss), static_argnums=1)
-    for (path, got), want in zip(jax.tree_util.tree_leaves_with_path(grad(params, unrolled)),
-                                 jax.tree_util.tree_leaves(grad(params, scanned))):
-        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-7, err_msg=jax.tree_util.keystr(path))
 
 
 def test_mixed_precision_keeps_float32_weights_gradients_and_logprobs():
