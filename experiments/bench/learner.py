@@ -22,10 +22,12 @@ FLOPs are counted analytically, the same count for both implementations and both
               forward + backward, over the causal half of the seq x seq scores: the work a causal step needs)
 
 `--profile` adds, per configuration, the JAX loss step's per-op profile grouped by `op_profile.CATEGORIES`: where the
-time that is not matmul at peak goes.
+time that is not matmul at peak goes. `--variant` times the JAX loss step under other gin bindings in the same
+rounds: the measured effect of each training option against torch and against the default.
 
     python -m experiments.bench.learner --json artifacts/bench_learner.json          # every configuration
     python -m experiments.bench.learner --configs tiny_256 --gin_param "ModelConfig.remat_policy = 'none'"
+    python -m experiments.bench.learner --configs tiny_256 --variant "dense=ModelConfig.attention_impl = 'dense'"
 """
 
 from __future__ import annotations
@@ -123,9 +125,11 @@ def train_step_flops(config: ModelConfig, batch: int, seq: int) -> StepFlops:
 
 def reuse_freed_memory() -> None:
     """Keep freed heap memory for reuse instead of returning it to the OS (glibc `mallopt`: one arena, no mmap,
-    no trimming). XLA:CPU allocates each step's temporaries afresh (hundreds of MB for these steps); returned
-    pages fault in again, zero-filled, on every step (measured: 61,000 faults and a sixth of the tiny model's
-    step). Must run before JAX starts its threads; it applies to the torch side of the same process too."""
+    no trimming). XLA:CPU allocates each step's temporaries afresh (250 MB for the tiny model's step before issue
+    12's changes); returned pages fault in again, zero-filled, on every step (measured then: 61,000 faults and a
+    sixth of the step; 3-5% of the step now). It applies to the whole process, the torch side too (whose GRPO
+    step it slowed by about 4%), so the benchmark leaves it off unless asked (`--reuse_freed_memory`). Must run
+    before JAX starts its threads."""
     libc = ctypes.CDLL("libc.so.6")
     for option, value in ((-4, 0), (-1, 2**31 - 1), (-8, 1)):  # M_MMAP_MAX, M_TRIM_THRESHOLD, M_ARENA_MAX
         if not libc.mallopt(option, value):
@@ -298,8 +302,10 @@ def summarise(side: dict[str, Any], flops: StepFlops, tokens: int, peak_flops_pe
 
 
 def run_configuration(config: ModelConfig, configuration: Configuration, warmup: int, iters: int, matmul_size: int,
-                      profile: bool, seed: int = 0) -> dict[str, Any]:
-    """Every figure of one configuration: both steps on both sides, interleaved with the matmul probe."""
+                      profile: bool, variants: dict[str, ModelConfig] | None = None,
+                      seed: int = 0) -> dict[str, Any]:
+    """Every figure of one configuration: both steps on both sides, interleaved with the matmul probe; and the JAX
+    loss step of each variant config (same parameters: only the arithmetic may differ) in the same rounds."""
     rows, seq = configuration.rows, configuration.seq
     if seq > config.max_position_embeddings:
         raise ValueError(f"seq {seq} exceeds the model's max_position_embeddings {config.max_position_embeddings}")
@@ -311,6 +317,11 @@ def run_configuration(config: ModelConfig, configuration: Configuration, warmup:
     loss_batch = loss_batch.replace(loss_mask=np.ones_like(loss_batch.loss_mask))  # every next token: HF's loss
     calls, infos = {}, {}
     calls["jax loss"], infos["jax loss"] = jax_loss_call(config, params, loss_batch)
+    for name, variant in (variants or {}).items():
+        if jax.eval_shape(init_params, variant, jax.random.key(seed)) != jax.eval_shape(init_params, config,
+                                                                                       jax.random.key(seed)):
+            raise ValueError(f"variant {name!r} changes the parameters' shapes; a variant may change arithmetic only")
+        calls[f"jax loss [{name}]"], infos[f"jax loss [{name}]"] = jax_loss_call(variant, params, loss_batch)
     calls["jax grpo"], infos["jax grpo"], batches = jax_grpo_call(config, params, rollouts, advantages,
                                                                    configuration.micro_batches)
     with tempfile.TemporaryDirectory() as model_dir:
@@ -340,6 +351,12 @@ def run_configuration(config: ModelConfig, configuration: Configuration, warmup:
         "steps": sides,
         "jax_over_torch": {step: sides[f"jax {step}"]["tokens_per_s"] / sides[f"torch {step}"]["tokens_per_s"]
                            for step in STEPS},
+        "variants": {name: {"model": dataclasses.asdict(variant),
+                            "jax_over_torch": (sides[f"jax loss [{name}]"]["tokens_per_s"]
+                                               / sides["torch loss"]["tokens_per_s"]),
+                            "step_time_vs_default": (sides[f"jax loss [{name}]"]["median_step_s"]
+                                                     / sides["jax loss"]["median_step_s"])}
+                     for name, variant in (variants or {}).items()},
         "loss_abs_difference": {step: abs(sides[f"jax {step}"]["loss"] - sides[f"torch {step}"]["loss"])
                                 for step in STEPS},
         "load_average_1m_at_end": os.getloadavg()[0],
@@ -354,9 +371,11 @@ def run_configuration(config: ModelConfig, configuration: Configuration, warmup:
 
 def run_benchmark(names: Sequence[str], warmup: int, iters: int, matmul_size: int, profile: bool = False,
                   gin_files: Sequence[str] = (), gin_params: Sequence[str] = (),
-                  overrides: dict[str, int] | None = None) -> dict[str, Any]:
+                  overrides: dict[str, int] | None = None,
+                  variants: dict[str, Sequence[str]] | None = None) -> dict[str, Any]:
     """Every configuration in `names` (its rows, seq or micro_batches replaced by `overrides`), one after the
-    other, as one JSON-able dict."""
+    other, as one JSON-able dict; `variants` names gin bindings whose JAX loss step is timed beside the default's
+    (the measured effect of a gin option, e.g. {"dense": ["ModelConfig.attention_impl = 'dense'"]})."""
     unknown = [name for name in names if name not in CONFIGURATIONS]
     if unknown:
         raise ValueError(f"unknown configuration(s) {unknown}; choose from {sorted(CONFIGURATIONS)}")
@@ -365,8 +384,12 @@ def run_benchmark(names: Sequence[str], warmup: int, iters: int, matmul_size: in
     if too_small:
         raise ValueError(f"benchmark sizes too small: {', '.join(too_small)}")
     chosen = {name: dataclasses.replace(CONFIGURATIONS[name], **(overrides or {})) for name in names}
-    results = {name: run_configuration(model_config(configuration, gin_files, gin_params), configuration, warmup,
-                                       iters, matmul_size, profile) for name, configuration in chosen.items()}
+    results = {}
+    for name, configuration in chosen.items():
+        configs = {variant: model_config(configuration, gin_files, [*gin_params, *bindings])
+                   for variant, bindings in (variants or {}).items()}
+        config = model_config(configuration, gin_files, gin_params)  # parsed last: the gin state of the run
+        results[name] = run_configuration(config, configuration, warmup, iters, matmul_size, profile, configs)
     return {"configurations": results, "warmup": warmup, "iters": iters,
             "environment": {"jax": jax.__version__, "torch": torch.__version__,
                             "transformers": transformers.__version__, "jax_backend": jax.default_backend(),
@@ -388,6 +411,13 @@ def format_table(result: dict[str, Any]) -> str:
                 f"{jax_side['fraction_of_peak'] * 100:.1f}% | {torch_side['fraction_of_peak'] * 100:.1f}% | "
                 f"{config['loss_abs_difference'][step]:.1e} | {config['load_average_1m_at_end']:.1f} | "
                 f"{config['other_processes_cpu_share'] * 100:.0f}% |")
+        for variant, figures in config["variants"].items():
+            side = config["steps"][f"jax loss [{variant}]"]
+            lines.append(
+                f"| {name} [{config['rows']} x {config['seq']}] | loss [{variant}] | "
+                f"{side['median_step_s'] * 1e3:.1f} | | {side['tokens_per_s']:,.0f} | | "
+                f"{figures['jax_over_torch']:.2f}x | {side['fraction_of_peak'] * 100:.1f}% | | "
+                f"{abs(side['loss'] - config['steps']['torch loss']['loss']):.1e} | | |")
     lines.append("")
     for name, config in result["configurations"].items():
         model, flops = config["model"], config["flops_per_step"]
@@ -411,6 +441,14 @@ def format_table(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def parse_variant(text: str) -> tuple[str, list[str]]:
+    """"NAME=BINDING;BINDING" -> (NAME, [BINDING, BINDING])."""
+    name, separator, bindings = text.partition("=")
+    if not separator or not name.strip() or not bindings.strip():
+        raise ValueError(f"a variant reads NAME=BINDING[;BINDING...], got {text!r}")
+    return name.strip(), [binding.strip() for binding in bindings.split(";") if binding.strip()]
+
+
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     """Command line entry point: run, print the table, optionally write the JSON."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -422,19 +460,23 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--iters", type=int, default=5)
     parser.add_argument("--matmul_size", type=int, default=2048, help="side of the square matmul timed for the peak")
     parser.add_argument("--profile", action="store_true", help="add the JAX loss step's per-op profile")
-    parser.add_argument("--keep_malloc_defaults", action="store_true",
-                        help="do not call reuse_freed_memory() (measures what it is worth)")
+    parser.add_argument("--reuse_freed_memory", action="store_true",
+                        help="call reuse_freed_memory() first (a process-wide glibc setting; see its docstring)")
     parser.add_argument("--gin_file", action="append", default=[], help="gin file binding ModelConfig fields")
     parser.add_argument("--gin_param", action="append", default=[], help="e.g. \"ModelConfig.remat_policy = 'none'\"")
+    parser.add_argument("--variant", action="append", default=[],
+                        help="NAME=BINDING[;BINDING...]: also time the JAX loss step under these ModelConfig "
+                             "bindings, e.g. \"dense=ModelConfig.attention_impl = 'dense'\"")
     parser.add_argument("--json", dest="json_path", help="write every figure to this JSON file")
     args = parser.parse_args(argv)
-    if not args.keep_malloc_defaults:
+    if args.reuse_freed_memory:
         reuse_freed_memory()
     overrides = {field: getattr(args, field) for field in ("rows", "seq", "micro_batches")
                  if getattr(args, field) is not None}
+    variants = dict(parse_variant(text) for text in args.variant)
     result = run_benchmark(args.configs.split(","), args.warmup, args.iters, args.matmul_size, args.profile,
-                           args.gin_file, args.gin_param, overrides)
-    result["environment"]["reuse_freed_memory"] = not args.keep_malloc_defaults
+                           args.gin_file, args.gin_param, overrides, variants)
+    result["environment"]["reuse_freed_memory"] = args.reuse_freed_memory
     print(format_table(result))
     if args.json_path:
         with open(args.json_path, "w") as handle:

@@ -122,27 +122,32 @@ def _banded_attention_bwd(precision: jax.lax.Precision, residuals: tuple[jax.Arr
     scale = q_blocks.shape[-1] ** -0.5
     # D_i = sum_d dO_id O_id: the softmax Jacobian's row term, once per query.
     row_term = jnp.sum(d_out.astype(jnp.float32) * out.astype(jnp.float32), axis=-1)
-    d_q = jnp.zeros(q_blocks.shape, jnp.float32)
-    d_k = jnp.zeros(k_blocks.shape, jnp.float32)
-    d_v = jnp.zeros(v_blocks.shape, jnp.float32)
+    d_q = d_k_t = d_v_t = None
     for band in range(blocks):
         keys = blocks - band
-        queries, key_blocks, value_blocks = q_blocks[band:], k_blocks[:keys], v_blocks[:keys]
-        scores = _band_scores(q_blocks, k_blocks, segment_blocks, band, precision)
-        probs = jnp.exp(scores - log_normaliser[band:, ..., None])
-        band_d_out = d_out[band:]
-        d_v = jax.lax.dynamic_update_slice_in_dim(d_v, d_v[:keys] + jnp.einsum(
-            "nbhgqk,nbhgqd->nbhkd", probs.astype(band_d_out.dtype), band_d_out, preferred_element_type=jnp.float32,
-            precision=precision), 0, axis=0)
+        queries, key_blocks, value_blocks, band_d_out = q_blocks[band:], k_blocks[:keys], v_blocks[:keys], d_out[band:]
+        probs = jnp.exp(_band_scores(q_blocks, k_blocks, segment_blocks, band, precision)
+                        - log_normaliser[band:, ..., None])
         d_probs = jnp.einsum("nbhgqd,nbhkd->nbhgqk", band_d_out, value_blocks, preferred_element_type=jnp.float32,
                              precision=precision)
         d_scores = (probs * (d_probs - row_term[band:, ..., None]) * scale).astype(q_blocks.dtype)
-        d_q = _suffix_update(d_q, band, d_q[band:] + jnp.einsum(
-            "nbhgqk,nbhkd->nbhgqd", d_scores, key_blocks, preferred_element_type=jnp.float32, precision=precision))
-        d_k = jax.lax.dynamic_update_slice_in_dim(d_k, d_k[:keys] + jnp.einsum(
-            "nbhgqk,nbhgqd->nbhkd", d_scores, queries, preferred_element_type=jnp.float32, precision=precision),
-            0, axis=0)
-    return d_q.astype(q_blocks.dtype), d_k.astype(k_blocks.dtype), d_v.astype(v_blocks.dtype), None
+        band_d_q = jnp.einsum("nbhgqk,nbhkd->nbhgqd", d_scores, key_blocks, preferred_element_type=jnp.float32,
+                              precision=precision)
+        # Sums over a block's queries, taken as dO^T P and Q^T dS ([D, key] results): the small operand is the one
+        # transposed. As P^T dO and dS^T Q, XLA:CPU first transposed the [G x block, block] probabilities and
+        # their gradient, which cost more than the matmuls (measured).
+        band_d_v_t = jnp.einsum("nbhgqd,nbhgqk->nbhdk", band_d_out, probs.astype(band_d_out.dtype),
+                                preferred_element_type=jnp.float32, precision=precision)
+        band_d_k_t = jnp.einsum("nbhgqd,nbhgqk->nbhdk", queries, d_scores, preferred_element_type=jnp.float32,
+                                precision=precision)
+        if band == 0:  # the diagonal band covers every block: it starts the sums
+            d_q, d_k_t, d_v_t = band_d_q, band_d_k_t, band_d_v_t
+            continue
+        d_q = _suffix_update(d_q, band, d_q[band:] + band_d_q)
+        d_k_t = jax.lax.dynamic_update_slice_in_dim(d_k_t, d_k_t[:keys] + band_d_k_t, 0, axis=0)
+        d_v_t = jax.lax.dynamic_update_slice_in_dim(d_v_t, d_v_t[:keys] + band_d_v_t, 0, axis=0)
+    return (d_q.astype(q_blocks.dtype), d_k_t.swapaxes(-1, -2).astype(k_blocks.dtype),
+            d_v_t.swapaxes(-1, -2).astype(v_blocks.dtype), None)
 
 
 _banded_attention.defvjp(_banded_attention_fwd, _banded_attention_bwd)

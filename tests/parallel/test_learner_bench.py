@@ -97,6 +97,15 @@ def test_hlo_instructions_are_read_with_their_fusion_kind_and_op_name():
                             "copy.1": ("copy", "jit(f)/transpose"), "wrapped_broadcast.2": ("wrapped_broadcast", "")}
 
 
+def test_variants_are_read_as_a_name_and_bindings():
+    assert learner.parse_variant("dense=ModelConfig.attention_impl = 'dense'") == (
+        "dense", ["ModelConfig.attention_impl = 'dense'"])
+    assert learner.parse_variant(" both = A.x = 1; B.y = 2 ;") == ("both", ["A.x = 1", "B.y = 2"])
+    for text in ("no bindings=", "=A.x = 1", "A.x"):
+        with pytest.raises(ValueError, match="NAME=BINDING"):
+            learner.parse_variant(text)
+
+
 def test_bad_sizes_and_names_are_refused():
     with pytest.raises(ValueError, match=r"too small: iters=0 \(needs >= 1\)"):
         learner.run_benchmark(["tiny_256"], warmup=0, iters=0, matmul_size=8)
@@ -110,7 +119,8 @@ def test_end_to_end_run_writes_every_figure(tmp_path, capsys, clean_gin):
     bindings = ["ModelConfig.num_layers = 1", "ModelConfig.hidden_size = 64", "ModelConfig.vocab_size = 128",
                 "ModelConfig.intermediate_size = 96"]
     result = learner.main(["--configs", "tiny_256", "--rows", "2", "--seq", "16", "--warmup", "1", "--iters", "2",
-                           "--matmul_size", "128", "--profile", "--keep_malloc_defaults",
+                           "--matmul_size", "128", "--profile",
+                           "--variant", "dense=ModelConfig.attention_impl = 'dense'",
                            *[arg for binding in bindings for arg in ("--gin_param", binding)], "--json", str(out)])
     written = json.loads(out.read_text())
     config = written["configurations"]["tiny_256"]
@@ -127,6 +137,18 @@ def test_end_to_end_run_writes_every_figure(tmp_path, capsys, clean_gin):
         assert config["jax_over_torch"][step] == pytest.approx(
             config["steps"][f"jax {step}"]["tokens_per_s"] / config["steps"][f"torch {step}"]["tokens_per_s"])
     assert set(config["jax_loss_profile_ms"]) >= {"matmul: layer projections and MLP"}
+    dense = config["variants"]["dense"]
+    assert dense["model"]["attention_impl"] == "dense" and config["model"]["attention_impl"] == "causal_blockwise"
+    assert abs(config["steps"]["jax loss [dense]"]["loss"] - config["steps"]["jax loss"]["loss"]) < 1e-5
+    assert dense["step_time_vs_default"] == pytest.approx(
+        config["steps"]["jax loss [dense]"]["median_step_s"] / config["steps"]["jax loss"]["median_step_s"])
     assert written["environment"]["reuse_freed_memory"] is False
     assert result["configurations"]["tiny_256"]["flops_per_step"] == config["flops_per_step"]
-    assert "| tiny_256 [2 x 16] | grpo |" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "| tiny_256 [2 x 16] | grpo |" in printed and "| tiny_256 [2 x 16] | loss [dense] |" in printed
+
+
+def test_a_variant_may_not_change_the_parameters(clean_gin):
+    with pytest.raises(ValueError, match="variant 'wider' changes the parameters' shapes"):
+        learner.run_benchmark(["tiny_256"], warmup=0, iters=1, matmul_size=8, overrides={"rows": 2, "seq": 8},
+                              variants={"wider": ["ModelConfig.hidden_size = 512"]})
