@@ -38,6 +38,7 @@ from rstar_jax.train.sft import make_sft_step
 from rstar_jax.train.sft_data import TrainingSequence
 from rstar_jax.train.state import init_train_state, train_state_shardings
 
+NAMES = {1: "single_digits", 2: "two_digit_chunks", 3: "three_digit_chunks"}
 _BUILD_SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "build_tiny_tokenizer.py"
 
 
@@ -115,16 +116,19 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--batch_size", type=int, default=16)
     parser.add_argument("--every", type=int, default=50)
     parser.add_argument("--learning_rate", type=float, default=5e-3)
+    parser.add_argument("--digits", default="3,1", help="digits per number token to compare, e.g. 3,1 or 3")
+    parser.add_argument("--gin_param", action="append", default=[], help="e.g. 'ModelConfig.num_kv_heads = 8'")
     parser.add_argument("--json", type=Path, default=None, help="write the figures here")
     args = parser.parse_args(argv)
-    parse_gin([TINY_MODEL_GIN])
+    parse_gin([TINY_MODEL_GIN], args.gin_param)
     config = ModelConfig()
     results: dict[str, Any] = {"steps": args.steps, "batch_size": args.batch_size, "load_average": os.getloadavg()}
     with tempfile.TemporaryDirectory() as scratch:
-        for name, digits in (("three_digit_chunks", 3), ("single_digits", 1)):
+        for digits in (int(value) for value in args.digits.split(",")):
+            name = NAMES[digits]
             folder = build_tokenizer(Path(scratch) / name, digits)
             results[name] = run(folder, config, args.steps, args.batch_size, args.every, args.learning_rate)
-    final = {name: results[name][-1]["copy_accuracy"] for name in ("three_digit_chunks", "single_digits")}
+    final = {name: results[name][-1]["copy_accuracy"] for name in NAMES.values() if name in results}
     print(json.dumps(final))
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)

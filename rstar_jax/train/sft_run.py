@@ -1,10 +1,10 @@
 """Format SFT of the demo model as a resumable run (SPEC section 5, scaled to 2 CPU cores).
 
-Two phases on one optimiser schedule:
-1. short sequences: copy drills (`rstar_jax.data.copy_drills`: questions with their programs, outputs with the
-   answers that repeat them) mixed with transcripts cut after the system turn, so the model learns to copy numbers
-   and the turns' layout on sequences a quarter as long;
-2. whole transcripts (`rstar_jax.train.sft_data`): agent-format chats of the synthetic tool tasks with the real
+Three phases on one optimiser schedule, from short sequences to long:
+1. copy drills (`rstar_jax.data.copy_drills`: questions with their programs, outputs with the answers that repeat
+   them, ~100 tokens), so the model learns to copy numbers before anything else;
+2. transcripts cut after the system turn (~150-300 tokens): the turns' layout, tool calls and answers;
+3. whole transcripts (`rstar_jax.train.sft_data`): agent-format chats of the synthetic tool tasks with the real
    sandbox server's outputs, system prompt and tool schema included, as rollouts will see them.
 Drill batches are a pure function of the step; transcripts come from grain iterators. Every `save_every` steps
 (and after the last) one orbax Composite checkpoint holds the TrainState and both iterators, so a killed run started
@@ -79,19 +79,20 @@ def _restore(manager: ocp.CheckpointManager, like: TrainState, shardings: TrainS
 
 @gin.configurable
 def train_sft(out: str | Path, steps: int = 100, batch_size: int = 16, num_transcripts: int = 256,
-              drill_steps: int = 0, drill_batch_size: int = 16, short_batch_size: int = 0, drill_snippets: int = 3,
+              drill_steps: int = 0, drill_batch_size: int = 16, short_steps: int = 0, short_batch_size: int = 8,
+              drill_snippets: int = 3,
               data_seed: int = 0, model_seed: int = 0, tokenizer: str = "tiny", save_every: int = 25,
               stop_at_step: int | None = None) -> Path | None:
     """Run (or resume) the format SFT into `out`; returns the trained HF folder, or None when stopped early.
 
-    `drill_steps` steps of `drill_batch_size` copy drills plus `short_batch_size` transcripts without their system
-    turn come first, then `steps` steps of `batch_size` whole transcripts (of `num_transcripts`, generated once
+    `drill_steps` steps of `drill_batch_size` copy drills come first, then `short_steps` steps of
+    `short_batch_size` transcripts without their system turn, then `steps` steps of `batch_size` whole transcripts (of `num_transcripts`, generated once
     against a sandbox server and cached in OUT/transcripts.jsonl).
     `stop_at_step` ends the run after that step without saving anything more, exactly as if it were killed there.
     Writes OUT/model/, OUT/metrics.jsonl, OUT/tensorboard/, OUT/summary.json and OUT/checkpoints/.
     """
-    if min(steps, batch_size, num_transcripts, drill_batch_size, save_every) < 1 or min(drill_steps,
-                                                                                          short_batch_size) < 0:
+    if min(steps, batch_size, num_transcripts, drill_batch_size, short_batch_size, save_every) < 1 or min(
+            drill_steps, short_steps) < 0:
         raise ValueError(f"train_sft needs steps, batch sizes, num_transcripts and save_every >= 1 and drill_steps "
                          f">= 0, got {steps}, {batch_size}/{drill_batch_size}, {num_transcripts}, {save_every}, "
                          f"{drill_steps}")
@@ -100,7 +101,7 @@ def train_sft(out: str | Path, steps: int = 100, batch_size: int = 16, num_trans
     model = seeded_model(out / MODEL_DIR, model_seed, tokenizer)
     token_source = load_tokenizer(tokenizer)
     sequences = cached_sft_sequences(out / TRANSCRIPTS_FILE, num_transcripts, data_seed, token_source)
-    total = drill_steps + steps
+    total = drill_steps + short_steps + steps
     optimizer, schedule = sft_optimizer(total)
     mesh = make_mesh()
     initial = init_train_state(model.params, optimizer)
@@ -109,29 +110,27 @@ def train_sft(out: str | Path, steps: int = 100, batch_size: int = 16, num_trans
                                     options=ocp.CheckpointManagerOptions(max_to_keep=2, create=True))
     short = [without_system_turn(sequence, token_source.convert_tokens_to_ids(IM_START)) for sequence in sequences]
     iterators = {"transcripts": transcript_batches(sequences, batch_size, data_seed),
-                 "short_transcripts": transcript_batches(short, max(short_batch_size, 1), data_seed + 1)}
+                 "short_transcripts": transcript_batches(short, short_batch_size, data_seed + 1)}
     restored = _restore(manager, initial, shardings, iterators)
     state = jax.device_put(initial, shardings) if restored is None else restored
     start = int(state.step)
     if start:
         say(f"SFT: resuming {out} after step {start} of {total}")
     steps_for = {size: make_sft_step(model.config, optimizer, schedule, mesh, shardings, size)
-                 for size in {batch_size, drill_batch_size + short_batch_size}}
+                 for size in {batch_size, drill_batch_size, short_batch_size}}
     pad_id = model.config.pad_token_id or 0
     with MetricsWriter(out, resume_step=start) as writer, Progress(total, "SFT", initial=start) as progress:
         for step in range(start, total):
-            drilling = step < drill_steps
-            if drilling:
+            phase = "drills" if step < drill_steps else "short" if step < drill_steps + short_steps else "transcripts"
+            if phase == "drills":
                 rows = drill_batch(step, drill_batch_size, token_source, data_seed, drill_snippets)
-                rows += next(iterators["short_transcripts"]) if short_batch_size else []
             else:
-                rows = next(iterators["transcripts"])
+                rows = next(iterators["short_transcripts" if phase == "short" else "transcripts"])
             batch = make_batch(rows, pad_id)
             state, metrics = steps_for[len(rows)](state, batch)
             values = {name: float(value) for name, value in jax.device_get(metrics).items()}
-            writer.write(step + 1, {"phase": "short" if drilling else "transcripts", "seq_len": batch.shape[1],
-                                    **values})
-            progress.advance(phase="short" if drilling else "transcripts", loss=values["loss"])
+            writer.write(step + 1, {"phase": phase, "seq_len": batch.shape[1], **values})
+            progress.advance(phase=phase, loss=values["loss"])
             if stop_at_step is not None and step + 1 >= stop_at_step:
                 manager.wait_until_finished()
                 return None
@@ -140,7 +139,7 @@ def train_sft(out: str | Path, steps: int = 100, batch_size: int = 16, num_trans
         manager.wait_until_finished()
         log = writer.entries
     save_model_folder(model.config, state.params, out / MODEL_DIR, tokenizer)
-    summary = {"steps": total, "drill_steps": drill_steps, "resumed_from_step": start,
+    summary = {"steps": total, "drill_steps": drill_steps, "short_steps": short_steps, "resumed_from_step": start,
                "num_transcripts": len(sequences), "total_seconds": time.monotonic() - started,
                "first_loss": log[0]["loss"], "final_loss": log[-1]["loss"]}
     (out / SUMMARY_FILE).write_text(json.dumps(summary, indent=1) + "\n")

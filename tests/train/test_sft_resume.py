@@ -22,8 +22,8 @@ pytestmark = pytest.mark.slow
 SMALL_RUN = [
     "ModelConfig.hidden_size = 64", "ModelConfig.intermediate_size = 128", "ModelConfig.num_layers = 2",
     "ModelConfig.num_heads = 2", "ModelConfig.num_kv_heads = 1",
-    "train_sft.drill_steps = 2", "train_sft.drill_batch_size = 4", "train_sft.steps = 6",
-    "train_sft.batch_size = 4", "train_sft.num_transcripts = 8", "train_sft.save_every = 2",
+    "train_sft.drill_steps = 1", "train_sft.drill_batch_size = 4", "train_sft.short_steps = 1",
+    "train_sft.short_batch_size = 4", "train_sft.steps = 6", "train_sft.batch_size = 4", "train_sft.num_transcripts = 8", "train_sft.save_every = 2",
     "bucket_length.multiple = 256",
 ]
 
@@ -54,7 +54,7 @@ def test_killed_run_resumes_to_bit_identical_params(tmp_path: Path, small_sft_co
         "resumed_from_step"] == 0
     log, reference = read_metrics(interrupted / "metrics.jsonl"), read_metrics(whole / "metrics.jsonl")
     assert [e["step"] for e in log] == list(range(1, 9))
-    assert [e["phase"] for e in log] == ["short"] * 2 + ["transcripts"] * 6
+    assert [e["phase"] for e in log] == ["drills", "short"] + ["transcripts"] * 6
     assert [e["loss"] for e in log] == [e["loss"] for e in reference]
     resumed, uninterrupted = load_file(interrupted / "model" / "model.safetensors"), load_file(
         model_dir / "model.safetensors")
