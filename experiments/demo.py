@@ -13,10 +13,6 @@
 Writes OUT/demo_summary.json, OUT/demo.log, OUT/operative_config.gin, OUT/sft/ and OUT/rl/ (metrics.jsonl,
 tensorboard/, plots/, checkpoints/, model/). An interrupted demo run again with the same OUT resumes.
 
-Main gin knobs (gin/demo/cpu_demo.gin): train_sft.drill_steps / .steps (SFT), RLSettings.stages (steps, lengths and
-turns per stage), RLSettings.prompts_per_step and .group_size (each step rolls out prompts_per_step x 2 x group_size
-trajectories with RoC), rl_optimizer.learning_rate, make_selector.algorithm ('roc', 'penalty', 'grpo'),
-HeldOutEval.problems / .samples, RolloutBackend.backend ('jax' or 'vllm').
 """
 
 from __future__ import annotations
@@ -32,7 +28,7 @@ from experiments.sft import DEFAULT_GIN as SFT_GIN
 from rstar_jax.console import log_to, phase, say
 from rstar_jax.eval.heldout import HeldOutEval
 from rstar_jax.eval.report import comparison_table, example_text
-from rstar_jax.gin_setup import parse_gin, write_operative_config
+from rstar_jax.gin_setup import knob_help, parse_gin, write_operative_config
 from rstar_jax.model import load_hf
 from rstar_jax.model.folder import save_model_folder
 from rstar_jax.train.metrics import read_metrics
@@ -45,10 +41,12 @@ from sandbox_server.launcher import running_server
 
 DEMO_GIN = "demo/cpu_demo.gin"
 
+KNOBS = ('train_sft.drill_steps', 'train_sft.short_steps', 'train_sft.steps', 'RLSettings.prompts_per_step', 'RLSettings.group_size', 'short/Stage.steps', 'longer/Stage.steps', 'rl_optimizer.learning_rate', 'make_selector.algorithm', 'RocSelector.mode', 'HeldOutEval.samples', 'RolloutBackend.backend')
 
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     """Command-line entry point: SFT, evaluation, GRPO-RoC, evaluation; prints and writes the comparison."""
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+                                     epilog=knob_help([TINY_MODEL_GIN, SFT_GIN, DEMO_GIN], KNOBS))
     parser.add_argument("--out", default="runs/demo", help="run folder (an existing one resumes)")
     parser.add_argument("--gin_file", action="append", default=[], help="gin files after the demo's own")
     parser.add_argument("--gin_param", action="append", default=[], help="e.g. 'HeldOutEval.samples = 8'")

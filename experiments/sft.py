@@ -8,8 +8,6 @@ DIR/summary.json, DIR/operative_config.gin, DIR/transcripts.jsonl (cached ids) a
 started again with the same DIR resumes. With --eval_problems N it then measures the format on N held-out problems
 (`rstar_jax.train.format_probe`) and writes DIR/format_eval.json.
 
-Main gin knobs (defaults of gin/sft/tiny_format.gin): train_sft.drill_steps, train_sft.steps, train_sft.batch_size,
-train_sft.num_transcripts, sft_optimizer.learning_rate, ModelConfig.* (gin/model/tiny.gin).
 """
 
 from __future__ import annotations
@@ -21,16 +19,18 @@ from typing import Any, Sequence
 
 from experiments.make_tiny_model import TINY_MODEL_GIN
 from rstar_jax.console import say
-from rstar_jax.gin_setup import parse_gin, write_operative_config
+from rstar_jax.gin_setup import knob_help, parse_gin, write_operative_config
 from rstar_jax.train.format_probe import probe_format
 from rstar_jax.train.sft_run import SUMMARY_FILE, train_sft
 
 DEFAULT_GIN = "sft/tiny_format.gin"
 
+KNOBS = ('train_sft.drill_steps', 'train_sft.drill_batch_size', 'train_sft.short_steps', 'train_sft.steps', 'train_sft.batch_size', 'train_sft.num_transcripts', 'sft_optimizer.learning_rate', 'ModelConfig.hidden_size', 'ModelConfig.num_layers')
 
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     """Command-line entry point; returns summary.json's content (plus the format evaluation when asked)."""
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+                                     epilog=knob_help([TINY_MODEL_GIN, DEFAULT_GIN], KNOBS))
     parser.add_argument("--out", required=True, help="run folder (created; an existing one is resumed)")
     parser.add_argument("--gin_file", action="append", default=None,
                         help=f"gin files after {TINY_MODEL_GIN} (default: {DEFAULT_GIN})")

@@ -7,11 +7,6 @@ sandbox server (or uses `--sandbox_url`), trains every stage of `RLSettings.stag
 RUN/tensorboard/, RUN/plots/, RUN/checkpoints/, RUN/model/ and RUN/operative_config.gin. A killed run started again
 with the same command resumes from its last checkpoint and continues exactly as the uninterrupted run would.
 
-Main gin knobs: RLSettings.stages (Stage.steps, .max_response_tokens, .max_turns, .data, .data_filter,
-.reset_optimizer), RLSettings.prompts_per_step / .group_size / .zero_variance / .seed, make_selector.algorithm
-('roc', 'penalty', 'grpo'), RocSelector.mode, PenaltySelector.penalty_lambda, PolicyLossOptions.* (clip range,
-dual clip, normalisation, KL, entropy), rl_optimizer.* (rate, warm-up, schedule), RolloutBackend.* ('jax' engines or
-a 'vllm' fleet). Defaults: gin/model/tiny.gin, gin/sft/tiny_format.gin and gin/demo/cpu_demo.gin.
 """
 
 from __future__ import annotations
@@ -24,7 +19,7 @@ from experiments.demo import DEMO_GIN
 from experiments.make_tiny_model import TINY_MODEL_GIN
 from experiments.sft import DEFAULT_GIN as SFT_GIN
 from rstar_jax.console import log_to, say
-from rstar_jax.gin_setup import parse_gin, write_operative_config
+from rstar_jax.gin_setup import knob_help, parse_gin, write_operative_config
 from rstar_jax.model import load_hf
 from rstar_jax.model.folder import save_model_folder
 from rstar_jax.train.metrics import read_metrics
@@ -32,10 +27,12 @@ from rstar_jax.train.plots import plot_metrics
 from rstar_jax.train.rl_trainer import RLTrainer
 from sandbox_server.launcher import running_server
 
+KNOBS = ('RLSettings.prompts_per_step', 'RLSettings.group_size', 'RLSettings.zero_variance', 'RLSettings.seed', 'make_selector.algorithm', 'RocSelector.mode', 'PenaltySelector.penalty_lambda', 'PolicyLossOptions.eps_high', 'rl_optimizer.learning_rate', 'RolloutBackend.backend')
 
 def main(argv: Sequence[str] | None = None) -> Path:
     """Command-line entry point; returns the trained model folder."""
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+                                     epilog=knob_help([TINY_MODEL_GIN, SFT_GIN, DEMO_GIN], KNOBS))
     parser.add_argument("--model", required=True, help="HF model folder to start from")
     parser.add_argument("--out", required=True, help="run folder (an existing one resumes)")
     parser.add_argument("--sandbox_url", action="append", default=[], help="running sandbox servers (default: "

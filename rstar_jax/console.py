@@ -57,15 +57,15 @@ def phase(label: str) -> Iterator[None]:
 
 
 class Progress:
-    """A progress bar over `total` steps (`advance(**figures)` after each); a plain line every `every` steps when
-    stderr is not a terminal."""
+    """A progress bar over `total` steps (`advance(**figures)` after each), counted in `unit`s; a plain line every
+    `every` steps when stderr is not a terminal (and in the log file either way)."""
 
-    def __init__(self, total: int, label: str, initial: int = 0, every: int = 10) -> None:
+    def __init__(self, total: int, label: str, initial: int = 0, every: int = 10, unit: str = "step") -> None:
         self._interactive = sys.stderr.isatty()
         self._every, self._label, self._total = every, label, total
         self._done, self._started = initial, time.monotonic()
-        self._initial = initial
-        self._bar = tqdm(total=total, initial=initial, desc=label, unit="step", dynamic_ncols=True,
+        self._initial, self._unit = initial, unit
+        self._bar = tqdm(total=total, initial=initial, desc=label, unit=unit, dynamic_ncols=True,
                          disable=not self._interactive)
 
     def advance(self, **figures: float | int | str) -> None:
@@ -80,7 +80,8 @@ class Progress:
             rate = (self._done - self._initial) / max(elapsed, 1e-9)
             left = (self._total - self._done) / rate if rate > 0 else float("nan")
             details = " ".join(f"{name}={value}" for name, value in shown.items())
-            line = f"  {self._label}: step {self._done}/{self._total} {details} ({elapsed:.0f} s, ~{left:.0f} s left)"
+            line = (f"  {self._label}: {self._unit} {self._done}/{self._total} {details} ({elapsed:.0f} s, ~{left:.0f} s "
+                    f"left)")
             if self._interactive:  # the bar shows it on the terminal; the log file still gets the line
                 _write_logs(line)
             else:

@@ -6,6 +6,7 @@ work starts) and every run can write its operative config beside its outputs.
 
 from __future__ import annotations
 
+import inspect
 from pathlib import Path
 from typing import Sequence
 
@@ -31,6 +32,36 @@ def parse_gin(gin_files: Sequence[str] = (), gin_params: Sequence[str] = ()) -> 
         gin.parse_config_files_and_bindings(files, list(gin_params), finalize_config=False)
     except (ValueError, KeyError, TypeError, SyntaxError, OSError, RuntimeError, NameError) as exc:
         raise GinConfigError(f"invalid gin configuration (files={files}, bindings={list(gin_params)}): {exc}") from exc
+
+
+def knob_help(gin_files: Sequence[str], knobs: Sequence[str]) -> str:
+    """The text a command's --help ends with: each knob (a gin binding such as "RLSettings.group_size") with the
+    value the command's default gin files give it, or "(code default)" where they leave it unbound.
+
+    Parses the files in a scratch config and clears it again, so calling this before argparse costs nothing else.
+    """
+    lines = [f"main gin knobs (their values from {', '.join(gin_files)}; change with --gin_param):"]
+    try:
+        parse_gin(gin_files)
+        for knob in knobs:
+            try:
+                value = repr(gin.query_parameter(knob))
+            except ValueError:
+                value = _code_default(knob)
+            lines.append(f"  {knob} = {value}")
+    finally:
+        gin.clear_config()
+    return "\n".join(lines)
+
+
+def _code_default(knob: str) -> str:
+    """The default a configurable's signature gives `knob` ("scope/Name.param"), for knobs no gin file binds."""
+    selector, _, parameter = knob.rpartition("/")[2].rpartition(".")
+    configurable = gin.config._REGISTRY.get_match(selector)  # gin has no public lookup of a configurable's defaults
+    if configurable is None:
+        raise GinConfigError(f"no configurable named {selector!r} (knob {knob!r})")
+    default = inspect.signature(configurable.wrapped).parameters[parameter].default
+    return repr(default) + " (code default)"
 
 
 def write_operative_config(run_dir: str | Path) -> Path:

@@ -15,6 +15,7 @@ import numpy as np
 
 from rstar_jax.agent.tool_protocol import ToolExecutor
 from rstar_jax.agent.trajectory import sampled_turn_texts
+from rstar_jax.console import Progress
 from rstar_jax.data.problem import Problem
 from rstar_jax.eval.metrics import trajectory_metrics
 from rstar_jax.reward import verify_batch
@@ -43,7 +44,10 @@ async def evaluate(engine: GenerationEngine, executor: ToolExecutor, tokenizer: 
         raise ValueError("evaluate needs at least one problem")
     loop = AgentLoop(engine, executor, tokenizer, max_turns=max_turns, max_response_tokens=max_response_tokens,
                      temperature=temperature)
-    rollouts = await loop.rollout(list(problems), samples, seed=seed)
+    label = "greedy" if temperature == 0 else f"T={temperature:g}"
+    with Progress(len(problems) * samples, f"evaluation ({label})", every=64,
+                  unit="trajectory") as progress:
+        rollouts = await loop.rollout(list(problems), samples, seed=seed, on_done=lambda _: progress.advance())
     answers = ["\n".join(sampled_turn_texts(sample.trajectory, tokenizer)) for sample in rollouts]
     correct = verify_batch(answers, [sample.problem.answer for sample in rollouts], timeout_s=verify_timeout_s)
     per_problem = np.asarray(correct, np.float64).reshape(len(problems), samples)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-from typing import Sequence
+from typing import Callable, Sequence
 
 import gin
 from transformers import PreTrainedTokenizerBase
@@ -125,10 +125,12 @@ class AgentLoop:
         except Exception as error:  # noqa: BLE001 - a broken tool is the model's problem to read, not a crash
             return ExecutorFailure(stderr=f"the tool could not be run: {type(error).__name__}: {error}")
 
-    async def rollout(self, problems: Sequence[Problem], n_per_problem: int, seed: int = 0) -> list[RolloutSample]:
+    async def rollout(self, problems: Sequence[Problem], n_per_problem: int, seed: int = 0,
+                      on_done: Callable[[RolloutSample], None] | None = None) -> list[RolloutSample]:
         """`n_per_problem` trajectories of every problem, all concurrently (one task each), in (group, sample)
         order. Sample k of group g is sampled with seed `seed + g * n_per_problem + k` and routed with the key
-        (that seed, its place g * n_per_problem + k in the batch, the batch's size)."""
+        (that seed, its place g * n_per_problem + k in the batch, the batch's size). `on_done` is called with each
+        trajectory as it finishes (e.g. to advance a progress bar)."""
         if n_per_problem < 1:
             raise ValueError(f"n_per_problem must be >= 1, got {n_per_problem}")
 
@@ -138,7 +140,10 @@ class AgentLoop:
             sample_seed = seed + group * n_per_problem + sample
             key = RoutingKey(sample_seed, group * n_per_problem + sample, batch_size)
             trajectory = await self.run_trajectory(problems[group], sample_seed, key)
-            return RolloutSample(problems[group], group, sample, sample_seed, trajectory)
+            done = RolloutSample(problems[group], group, sample, sample_seed, trajectory)
+            if on_done is not None:
+                on_done(done)
+            return done
 
         tasks = [asyncio.ensure_future(one(group, sample)) for group in range(len(problems))
                  for sample in range(n_per_problem)]

@@ -17,7 +17,7 @@ SHRUNKEN = [
     "ModelConfig.hidden_size = 64", "ModelConfig.intermediate_size = 128", "ModelConfig.num_layers = 2",
     "ModelConfig.num_heads = 2", "ModelConfig.num_kv_heads = 1",
     "train_sft.drill_steps = 2", "train_sft.steps = 3", "train_sft.num_transcripts = 8", "train_sft.batch_size = 4",
-    "RLSettings.stages = [@easy/Stage()]", "easy/Stage.steps = 1", "RLSettings.prompts_per_step = 2",
+    "RLSettings.stages = [@short/Stage()]", "short/Stage.steps = 1", "RLSettings.prompts_per_step = 2",
     "HeldOutEval.problems = @small/ProblemSource()", "small/ProblemSource.source = 'synthetic'",
     "small/ProblemSource.count = 4", "small/ProblemSource.split = 'heldout'", "HeldOutEval.samples = 2",
 ]
