@@ -54,7 +54,8 @@ def test_unknown_engines_are_rejected(tmp_path):
 def test_jax_and_transformers_run_writes_every_figure(tmp_path, clean_gin):
     out = tmp_path / "engine.json"
     bindings = ["ModelConfig.num_layers = 1", "ModelConfig.hidden_size = 64", "ModelConfig.intermediate_size = 96",
-                "ModelConfig.num_heads = 2", "ModelConfig.vocab_size = 128"]
+                "ModelConfig.num_heads = 2", "ModelConfig.num_kv_heads = 2",
+                "ModelConfig.vocab_size = 128"]
     result = bench.main(["--engines", "jax,transformers", "--requests", "3", "--min_prompt", "2", "--max_prompt",
                          "9", "--new_tokens", "5", "--slots", "2", "--max_len", "16", "--sync_repeats", "2",
                          *[arg for binding in bindings for arg in ("--gin_param", binding)], "--json", str(out)])

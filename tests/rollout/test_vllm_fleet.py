@@ -197,7 +197,7 @@ def test_capacity_reports_the_kv_size_and_live_queues(served):
     config = model.config
     bytes_per_token = config.num_layers * 2 * config.num_kv_heads * config.head_dim * 4  # K and V, float32
     idle = run(fleet, engine.capacity())
-    assert idle.kv_tokens_total == KV_CACHE_BYTES // bytes_per_token == 524_288
+    assert idle.kv_tokens_total == KV_CACHE_BYTES // bytes_per_token == 131_072
     assert (idle.kv_tokens_used, idle.requests_running, idle.requests_waiting) == (0, 0, 0)
 
     # 16 turns of minutes' work in all on 8 slots, so the server is busy whenever a poll lands; the turns are

@@ -33,10 +33,11 @@ def test_sft_model_calls_the_tool_on_new_problems(sft_model_dir: Path) -> None:
         result = probe_format(sft_model_dir, num_problems=32)
     finally:
         gin.clear_config()
-    # Measured after 160 steps (loss 7.04 -> 0.20), 32 new problems: sampled (T=1) first turns parse in 84%,
-    # greedy ones in 100%, greedy multi-turn accuracy 22%. Thresholds leave room for run-to-run variation.
-    assert result["tool_call_rate"] >= 0.6, json.dumps(result["samples"][:3], indent=1)
-    assert result["greedy_first_turn_call_rate"] >= 0.75
-    # Greedy accuracy (6-22% in the runs so far) is reported, not asserted: a few problems in 32 flip with the JAX
-    # engine's batch composition, and a test that can flip on that would be flaky.
+    # Measured with gin/sft/tiny_format.gin (copy drills, short transcripts, whole transcripts), 32 new problems:
+    # sampled (T=1) first turns parse in 94-100%, greedy solves make ~1 tool call each and are right in 34-41%.
+    # Thresholds leave room for run-to-run variation.
+    assert result["tool_call_rate"] >= 0.75, json.dumps(result["samples"][:3], indent=1)
+    assert result["greedy_tool_calls"] >= 0.75
+    # Greedy accuracy is reported, not asserted: a few problems in 32 flip with the JAX engine's batch
+    # composition, and a test that can flip on that would be flaky.
     print(f"greedy accuracy on {len(result['samples'])} new problems: {result['greedy_accuracy']:.2f}")
