@@ -19,8 +19,10 @@ test: $(STAMP)
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 # Benchmarks (not part of the tests; figures go to artifacts/ and BENCHMARKS.md says how they were made).
+# The real-server balancer run (experiments.bench.balancer_servers) and the copy probe take longer: run them alone.
 bench: $(STAMP)
 	mkdir -p artifacts
 	$(PY) -m experiments.bench.learner --json artifacts/bench_learner.json
 	$(PY) -m experiments.bench.engine --json artifacts/bench_engine.json
 	$(PY) -m experiments.bench.sandbox --json artifacts/bench_sandbox.json
+	$(PY) -m experiments.bench.balancer --json artifacts/bench_balancer.json

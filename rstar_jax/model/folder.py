@@ -7,6 +7,7 @@ model, the folder vLLM servers start from) writes it through here, so those fold
 
 from __future__ import annotations
 
+import fnmatch
 import json
 import shutil
 from pathlib import Path
@@ -18,13 +19,18 @@ from rstar_jax.model.hf_io import save_hf
 from rstar_jax.model.lm import Params, init_params
 from rstar_jax.tokenizers import resolve_tokenizer_path
 
+# What a tokenizer consists of. A tokenizer is often named by a model folder (the one training started from), whose
+# weights and config must not be copied over the ones just written.
+TOKENIZER_FILES = ("tokenizer*", "special_tokens_map.json", "added_tokens.json", "vocab.*", "merges.txt",
+                   "chat_template*")
+
 
 def save_model_folder(config: ModelConfig, params: Params, out: str | Path, tokenizer: str) -> Path:
     """Write `params` as an HF folder at `out` with `tokenizer`'s files (a name such as "tiny", or a folder)."""
     out = Path(out)
     save_hf((config, jax.device_get(params)), out)
     for source in sorted(resolve_tokenizer_path(tokenizer).iterdir()):
-        if source.is_file():
+        if source.is_file() and any(fnmatch.fnmatch(source.name, pattern) for pattern in TOKENIZER_FILES):
             shutil.copyfile(source, out / source.name)
     generation = {"eos_token_id": config.eos_token_id, "pad_token_id": config.pad_token_id,
                   "bos_token_id": config.bos_token_id}
