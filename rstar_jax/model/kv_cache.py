@@ -71,7 +71,7 @@ def extend(params: Params, config: ModelConfig, cache: KVCache, input_ids: jax.A
     new_mask = real[:, None, :] & (positions[:, None, :] <= positions[:, :, None])  # [B, T, T]
     hidden, (new_keys, new_values) = Backbone(config).apply(
         {"params": params}, input_ids.astype(jnp.int32), positions, (cached_mask, new_mask),
-        (cache.keys[:, :, :, :window], cache.values[:, :, :, :window]))
+        (cache.keys, cache.values))
     write_index = jnp.where(real, positions, cache.max_len)  # padding goes past the end: dropped
     rows = jnp.arange(input_ids.shape[0])[:, None]
     # [L, B, T, Hkv, D] -> [B, T, L, Hkv, D], the order of cache[:, rows, :, write_index] (advanced indices first)

@@ -129,7 +129,10 @@ class Attention(nn.Module):
             else:
                 out = grouped_attention(grouped_q, k, v, mask, cfg.jax_precision, cfg.attention_block_size)
         else:
-            cache_k, cache_v = cache
+            # Only the first `window` cache positions (the cached mask's width) are read. Sliced here, per layer,
+            # where XLA fuses the slice into the attention's dot; sliced before the layer scan it was copied.
+            window = mask[0].shape[-1]
+            cache_k, cache_v = cache[0][:, :, :window], cache[1][:, :, :window]
             k, v = k.astype(cache_k.dtype), v.astype(cache_v.dtype)
             new_keys = (k, v)
             cached_mask, new_mask = mask
