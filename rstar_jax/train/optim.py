@@ -15,8 +15,8 @@ SCHEDULES = ("constant", "cosine", "linear")
 
 def learning_rate_schedule(total_steps: int, peak: float, warmup_steps: int, shape: str = "cosine",
                            end_fraction: float = 0.0) -> optax.Schedule:
-    """Linear warm-up from 0 over `warmup_steps` (at least 1), then "constant" at `peak`, or "cosine" / "linear"
-    decay to end_fraction * peak at `total_steps`."""
+    """Linear warm-up from 0 over `warmup_steps` (none when 0: the first step already runs at `peak`), then
+    "constant" at `peak`, or "cosine" / "linear" decay to end_fraction * peak at `total_steps`."""
     if total_steps < 1:
         raise ValueError(f"total_steps must be >= 1, got {total_steps}")
     if peak <= 0:
@@ -27,13 +27,13 @@ def learning_rate_schedule(total_steps: int, peak: float, warmup_steps: int, sha
         raise ValueError(f"warm-up of {warmup_steps} steps does not fit in {total_steps} steps")
     if not 0.0 <= end_fraction <= 1.0:
         raise ValueError(f"end_fraction must be within [0, 1], got {end_fraction}")
-    warmup_steps = max(1, warmup_steps)
-    warmup = optax.linear_schedule(0.0, peak, warmup_steps)
     decay_steps = max(1, total_steps - warmup_steps)
     after = {"constant": optax.constant_schedule(peak),
              "cosine": optax.cosine_decay_schedule(peak, decay_steps, alpha=end_fraction),
              "linear": optax.linear_schedule(peak, end_fraction * peak, decay_steps)}[shape]
-    return optax.join_schedules([warmup, after], [warmup_steps])
+    if warmup_steps == 0:
+        return after
+    return optax.join_schedules([optax.linear_schedule(0.0, peak, warmup_steps), after], [warmup_steps])
 
 
 def adamw_optimizer(total_steps: int, learning_rate: float, warmup_steps: int | None = None,

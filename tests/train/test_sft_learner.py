@@ -109,6 +109,8 @@ def test_constant_and_linear_schedules_and_the_rl_defaults() -> None:
     assert [float(constant(step)) for step in (0, 10, 20, 60, 99)] == pytest.approx([0, 5e-7, 1e-6, 1e-6, 1e-6])
     _, linear = adamw_optimizer(30, 1e-3, warmup_steps=10, schedule="linear", end_fraction=0.0)
     assert [float(linear(step)) for step in (5, 10, 20, 30)] == pytest.approx([5e-4, 1e-3, 5e-4, 0.0], abs=1e-9)
+    _, at_once = adamw_optimizer(10, 1e-3, warmup_steps=0, schedule="cosine")  # no warm-up: peak from step 0
+    assert [float(at_once(step)) for step in (0, 5, 10)] == pytest.approx([1e-3, 5e-4, 0.0], abs=1e-9)
     _, sft = sft_optimizer(100)  # SPEC 5: 5e-6, 4% warm-up, cosine to 0
     assert float(sft(4)) == pytest.approx(5e-6) and float(sft(100)) == pytest.approx(0.0, abs=1e-12)
     with pytest.raises(ValueError, match="schedule"):
