@@ -41,7 +41,16 @@ from sandbox_server.launcher import running_server
 
 DEMO_GIN = "demo/cpu_demo.gin"
 
-KNOBS = ('train_sft.drill_steps', 'train_sft.short_steps', 'train_sft.steps', 'RLSettings.prompts_per_step', 'RLSettings.group_size', 'short/Stage.steps', 'longer/Stage.steps', 'rl_optimizer.learning_rate', 'make_selector.algorithm', 'RocSelector.mode', 'HeldOutEval.samples', 'RolloutBackend.backend')
+KNOBS = ("train_sft.drill_steps", "train_sft.short_steps", "train_sft.steps", "RLSettings.prompts_per_step",
+         "RLSettings.group_size", "short/Stage.steps", "longer/Stage.steps", "rl_optimizer.learning_rate",
+         "make_selector.algorithm", "RocSelector.mode", "HeldOutEval.samples", "RolloutBackend.backend")
+
+def seed_bindings(seed: int | None) -> list[str]:
+    """Gin bindings that give every seeded part of the demo `seed` (none for None); evaluation keeps its own."""
+    if seed is None:
+        return []
+    return [f"train_sft.model_seed = {seed}", f"train_sft.data_seed = {seed}", f"RLSettings.seed = {seed}"]
+
 
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     """Command-line entry point: SFT, evaluation, GRPO-RoC, evaluation; prints and writes the comparison."""
@@ -50,33 +59,37 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--out", default="runs/demo", help="run folder (an existing one resumes)")
     parser.add_argument("--gin_file", action="append", default=[], help="gin files after the demo's own")
     parser.add_argument("--gin_param", action="append", default=[], help="e.g. 'HeldOutEval.samples = 8'")
+    parser.add_argument("--seed", type=int, default=None, help="one seed for the model's initialisation, the SFT "
+                        "data and RL (gin's seeds otherwise); the held-out problems stay the same")
     args = parser.parse_args(argv)
-    parse_gin([TINY_MODEL_GIN, SFT_GIN, DEMO_GIN, *args.gin_file], args.gin_param)
+    parse_gin([TINY_MODEL_GIN, SFT_GIN, DEMO_GIN, *args.gin_file], args.gin_param + seed_bindings(args.seed))
     out = Path(args.out)
     started = time.monotonic()
     settings, evaluation = RLSettings(), HeldOutEval()
     with log_to(out / "demo.log"), running_server(["--workers", "2"]) as sandbox:
         say("rstar-jax CPU demo: format SFT, then GRPO-RoC, then held-out accuracy before and after")
-        with phase("[1/4] format SFT of the tiny model"):
+        with phase("[1/4] format SFT of the tiny model") as sft_time:
             model_dir = train_sft(out / "sft")
         model = load_hf(model_dir)
         tokenizer = str(model_dir)
         problems = f"{evaluation.problems.describe()}, {evaluation.samples} samples at T={evaluation.temperature}" \
                    + (" and greedy" if evaluation.greedy else "")
-        with phase(f"[2/4] held-out evaluation of the SFT model ({problems})"):
+        with phase(f"[2/4] held-out evaluation of the SFT model ({problems})") as before_time:
             before = evaluation.run(model.config, model.params, load_tokenizer(model_dir), sandbox.url)
         per_prompt = make_selector().rollouts_per_prompt(settings.group_size)
         with phase(f"[3/4] GRPO-RoC: {settings.total_steps} steps in {len(settings.stages)} stages, "
-                   f"{settings.prompts_per_step} prompts x {per_prompt} rollouts a step"):
+                   f"{settings.prompts_per_step} prompts x {per_prompt} rollouts a step") as rl_time:
             trainer = RLTrainer(out / "rl", model.config, model.params, tokenizer, settings)
             params = trainer.run([sandbox.url])
             save_model_folder(model.config, params, out / "rl" / "model", tokenizer)
             plot_metrics(read_metrics(out / "rl" / "metrics.jsonl"), out / "rl" / "plots", "GRPO-RoC")
-        with phase(f"[4/4] held-out evaluation after RL ({problems})"):
+        with phase(f"[4/4] held-out evaluation after RL ({problems})") as after_time:
             after = evaluation.run(model.config, params, load_tokenizer(model_dir), sandbox.url)
         summary = {"after_sft": {name: result.summary for name, result in before.items()},
                    "after_rl": {name: result.summary for name, result in after.items()},
-                   "total_seconds": time.monotonic() - started}
+                   "seed": args.seed, "total_seconds": time.monotonic() - started,
+                   "phase_seconds": {"sft": sft_time["seconds"], "eval_before": before_time["seconds"],
+                                     "rl": rl_time["seconds"], "eval_after": after_time["seconds"]}}
         write_operative_config(out)
         (out / "demo_summary.json").write_text(json.dumps(summary, indent=1) + "\n")
         say(comparison_table(before, after))

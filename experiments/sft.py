@@ -25,7 +25,9 @@ from rstar_jax.train.sft_run import SUMMARY_FILE, train_sft
 
 DEFAULT_GIN = "sft/tiny_format.gin"
 
-KNOBS = ('train_sft.drill_steps', 'train_sft.drill_batch_size', 'train_sft.short_steps', 'train_sft.steps', 'train_sft.batch_size', 'train_sft.num_transcripts', 'sft_optimizer.learning_rate', 'ModelConfig.hidden_size', 'ModelConfig.num_layers')
+KNOBS = ("train_sft.drill_steps", "train_sft.drill_batch_size", "train_sft.short_steps", "train_sft.steps",
+         "train_sft.batch_size", "train_sft.num_transcripts", "sft_optimizer.learning_rate", "ModelConfig.hidden_size",
+         "ModelConfig.num_layers")
 
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     """Command-line entry point; returns summary.json's content (plus the format evaluation when asked)."""

@@ -27,7 +27,9 @@ from rstar_jax.train.plots import plot_metrics
 from rstar_jax.train.rl_trainer import RLTrainer
 from sandbox_server.launcher import running_server
 
-KNOBS = ('RLSettings.prompts_per_step', 'RLSettings.group_size', 'RLSettings.zero_variance', 'RLSettings.seed', 'make_selector.algorithm', 'RocSelector.mode', 'PenaltySelector.penalty_lambda', 'PolicyLossOptions.eps_high', 'rl_optimizer.learning_rate', 'RolloutBackend.backend')
+KNOBS = ("RLSettings.prompts_per_step", "RLSettings.group_size", "RLSettings.zero_variance", "RLSettings.seed",
+         "make_selector.algorithm", "RocSelector.mode", "PenaltySelector.penalty_lambda", "PolicyLossOptions.eps_high",
+         "rl_optimizer.learning_rate", "RolloutBackend.backend")
 
 def main(argv: Sequence[str] | None = None) -> Path:
     """Command-line entry point; returns the trained model folder."""

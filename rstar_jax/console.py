@@ -48,12 +48,15 @@ def log_to(path: str | Path) -> Iterator[Path]:
 
 
 @contextlib.contextmanager
-def phase(label: str) -> Iterator[None]:
-    """Print `label ...` now and `label: done in N s` (this phase's own time) when the block ends."""
+def phase(label: str) -> Iterator[dict[str, float]]:
+    """Print `label ...` now and `label: done in N s` (this phase's own time) when the block ends; the yielded
+    dict then holds that time as "seconds"."""
     say(f"{label} ...")
     started = time.monotonic()
-    yield
-    say(f"{label}: done in {time.monotonic() - started:.0f} s")
+    timing: dict[str, float] = {}
+    yield timing
+    timing["seconds"] = time.monotonic() - started
+    say(f"{label}: done in {timing['seconds']:.0f} s")
 
 
 class Progress:

@@ -237,11 +237,11 @@ class RLTrainer:
         order = np.random.default_rng(seed).permutation(len(groups.samples))
         chunks = [chunk for chunk in np.array_split(order, self.settings.updates_per_step) if len(chunk)]
         pad_id = self.config.pad_token_id or 0
-        mini_batches: list[list[RLBatch]] = [
-            self.learner.with_policy_logprobs(
-                state.params, rl_micro_batches([groups.samples[i].trajectory for i in chunk], groups.advantages[chunk],
-                                               self.settings.micro_batch_rows, pad_id), reference)
-            for chunk in chunks]
+        with gin.config_scope("rl"):  # `rl/bucket_length.multiple` pads RL rows apart from the SFT's
+            unscored = [rl_micro_batches([groups.samples[i].trajectory for i in chunk], groups.advantages[chunk],
+                                         self.settings.micro_batch_rows, pad_id) for chunk in chunks]
+        mini_batches: list[list[RLBatch]] = [self.learner.with_policy_logprobs(state.params, batches, reference)
+                                             for batches in unscored]
         gap = logprob_gap([batch for mini in mini_batches for batch in mini])
         totals: dict[str, float] = {}
         for mini in mini_batches:

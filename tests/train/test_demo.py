@@ -25,7 +25,7 @@ SHRUNKEN = [
 
 def test_the_demo_runs_every_phase_and_reports_the_comparison(tmp_path: Path) -> None:
     out = tmp_path / "demo"
-    command = [sys.executable, "-m", "experiments.demo", "--out", str(out),
+    command = [sys.executable, "-m", "experiments.demo", "--out", str(out), "--seed", "3",
                *(arg for param in SHRUNKEN for arg in ("--gin_param", param))]
     result = subprocess.run(command, cwd=REPO_ROOT, env={**os.environ, "XLA_FLAGS": ""}, capture_output=True,
                             text=True, timeout=1500)
@@ -36,6 +36,8 @@ def test_the_demo_runs_every_phase_and_reports_the_comparison(tmp_path: Path) ->
         assert any(line.startswith(label) and ": done in" in line for line in lines), label
     assert "accuracy at T=1" in result.stdout and "reference answer:" in result.stdout
     summary = json.loads((out / "demo_summary.json").read_text())
+    assert summary["seed"] == 3 and set(summary["phase_seconds"]) == {"sft", "eval_before", "rl", "eval_after"}
+    assert "train_sft.model_seed = 3" in (out / "operative_config.gin").read_text()
     for when in ("after_sft", "after_rl"):
         sampled = summary[when]["sampled"]
         assert sampled["problems"] == 4 and sampled["samples"] == 2
