@@ -1,19 +1,28 @@
 """RL training (GRPO-RoC or a baseline, SPEC 4-5) of a model folder: `rstar_jax.train.rl_trainer.RLTrainer`.
 
     python -m experiments.train --model DIR --out RUN [--gin_file ...] [--gin_param ...]
+    python -m experiments.train --gin_file paper/qwen3_14b.gin --dry_run --devices 64
+
 
 DIR is any Hugging Face Qwen2/Qwen3 folder with its tokenizer (e.g. the demo's SFT model, OUT/sft/model). Starts a
 sandbox server (or uses `--sandbox_url`), trains every stage of `RLSettings.stages`, and writes RUN/metrics.jsonl,
 RUN/tensorboard/, RUN/plots/, RUN/checkpoints/, RUN/model/ and RUN/operative_config.gin. A killed run started again
 with the same command resumes from its last checkpoint and continues exactly as the uninterrupted run would.
+`--dry_run --devices N` checks the config for N learner devices without allocating the model
+(`rstar_jax.train.dry_run`): the mesh plan, per-device parameter, optimiser and activation memory, and how many
+rollouts the fleet's KV cache holds; it exits 1 when the config cannot run.
 
 """
 
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 from typing import Sequence
+
+import gin
+import jax
 
 from experiments.demo import DEMO_GIN
 from experiments.make_tiny_model import TINY_MODEL_GIN
@@ -22,8 +31,10 @@ from rstar_jax.console import log_to, say
 from rstar_jax.gin_setup import knob_help, parse_gin, write_operative_config
 from rstar_jax.model import load_hf
 from rstar_jax.model.folder import save_model_folder
+from rstar_jax.paths import REPO_ROOT
 from rstar_jax.train.metrics import read_metrics
 from rstar_jax.train.plots import plot_metrics
+from rstar_jax.train.dry_run import DryRunError, format_dry_run, plan_dry_run
 from rstar_jax.train.rl_trainer import RLTrainer
 from sandbox_server.launcher import running_server
 
@@ -31,19 +42,52 @@ KNOBS = ("RLSettings.prompts_per_step", "RLSettings.group_size", "RLSettings.zer
          "make_selector.algorithm", "RocSelector.mode", "PenaltySelector.penalty_lambda", "PolicyLossOptions.eps_high",
          "rl_optimizer.learning_rate", "RolloutBackend.backend")
 
-def main(argv: Sequence[str] | None = None) -> Path:
-    """Command-line entry point; returns the trained model folder."""
+
+@gin.configurable
+def distributed(initialize: bool = False, coordinator_address: str | None = None, num_processes: int | None = None,
+                process_id: int | None = None) -> None:
+    """Multi-host JAX (DESIGN "Scale-out"): with `initialize`, call `jax.distributed.initialize` before anything
+    touches a device, so `jax.devices()` (and the mesh) spans every host's devices. The arguments left None are
+    found by JAX from the cluster environment (SLURM, Open MPI, Kubernetes/GKE, Cloud TPU)."""
+    if initialize:
+        jax.distributed.initialize(coordinator_address=coordinator_address, num_processes=num_processes,
+                                   process_id=process_id)
+
+
+def dry_run(device_count: int) -> int:
+    """Print the dry run's plan of the parsed gin config on `device_count` devices; 0 when it fits, else 1."""
+    try:
+        plan = plan_dry_run(device_count)
+    except DryRunError as exc:
+        print(f"dry run: {exc}", file=sys.stderr)
+        return 1
+    print(format_dry_run(plan))
+    return 1 if plan.problems else 0
+
+
+def main(argv: Sequence[str] | None = None) -> Path | int:
+    """Command-line entry point; returns the trained model folder (with --dry_run: the exit status)."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
                                      epilog=knob_help([TINY_MODEL_GIN, SFT_GIN, DEMO_GIN], KNOBS))
-    parser.add_argument("--model", required=True, help="HF model folder to start from")
-    parser.add_argument("--out", required=True, help="run folder (an existing one resumes)")
+    parser.add_argument("--model", help="HF model folder to start from (required unless --dry_run)")
+    parser.add_argument("--out", help="run folder, an existing one resumes (required unless --dry_run)")
+    parser.add_argument("--dry_run", action="store_true", help="check the config for --devices learner devices "
+                        "without allocating the model: mesh plan, memory per device, rollouts the fleet's KV holds")
+    parser.add_argument("--devices", type=int, default=None, help="learner devices for --dry_run (default: this "
+                        "machine's)")
     parser.add_argument("--sandbox_url", action="append", default=[], help="running sandbox servers (default: "
                         "start one here)")
     parser.add_argument("--gin_file", action="append", default=None,
                         help=f"gin files (default: {TINY_MODEL_GIN}, {SFT_GIN}, {DEMO_GIN})")
     parser.add_argument("--gin_param", action="append", default=[], help="e.g. 'make_selector.algorithm = \"grpo\"'")
     args = parser.parse_args(argv)
+    if not args.dry_run and (args.model is None or args.out is None):
+        parser.error("--model and --out are required (unless --dry_run)")
+    gin.add_config_file_search_path(str(REPO_ROOT))  # `include 'gin/...'` inside gin files, from any directory
     parse_gin(args.gin_file or [TINY_MODEL_GIN, SFT_GIN, DEMO_GIN], args.gin_param)
+    if args.dry_run:
+        return dry_run(args.devices if args.devices is not None else jax.device_count())
+    distributed()
     out = Path(args.out)
     model = load_hf(args.model)
     with log_to(out / "train.log"):
@@ -61,4 +105,6 @@ def main(argv: Sequence[str] | None = None) -> Path:
 
 
 if __name__ == "__main__":
-    main()
+    result = main()
+    if isinstance(result, int):
+        sys.exit(result)

@@ -1,0 +1,161 @@
+"""`--dry_run` (issue 11 item 4): the paper-scale configs' numbers against hand computations from the architectures."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Callable, Iterator
+
+import gin
+import jax
+import pytest
+
+from experiments.train import main as train_main
+from rstar_jax.gin_setup import parse_gin
+from rstar_jax.model.config import ModelConfig
+from rstar_jax.paths import REPO_ROOT
+from rstar_jax.rollout.kv_budget import (ServerShape, concurrent_sequences, flag_value, kv_budget_bytes,
+                                         kv_bytes_per_token, server_shape)
+from rstar_jax.train.dry_run import GIB, DryRunError, plan_dry_run
+from rstar_jax.parallel.plan import abstract_mesh
+from rstar_jax.train.memory_plan import abstract_params, activation_parts, local_dims
+
+PAPER = {  # gin file: (hidden, intermediate, layers, heads, tied); all: vocab 151936, 8 KV heads of 128
+    "paper/qwen3_0_6b.gin": (1024, 3072, 28, 16, True),
+    "paper/qwen3_1_7b.gin": (2048, 6144, 28, 16, True),
+    "paper/qwen3_4b.gin": (2560, 9728, 36, 32, True),
+    "paper/qwen3_14b.gin": (5120, 17408, 40, 40, False),
+}
+VOCAB, KV_HEADS, HEAD_DIM = 151936, 8, 128
+
+
+def hand_count(hidden: int, intermediate: int, layers: int, heads: int, tied: bool) -> tuple[int, int]:
+    """(all parameters, the norm scales among them) of a Qwen3 decoder, from its architecture."""
+    attention = hidden * heads * HEAD_DIM * 2 + hidden * KV_HEADS * HEAD_DIM * 2  # q, o; k, v
+    mlp = 3 * hidden * intermediate
+    norms = layers * (2 * hidden + 2 * HEAD_DIM) + hidden  # input / post-attn, q / k norms; final norm
+    embeddings = VOCAB * hidden * (1 if tied else 2)
+    return layers * (attention + mlp) + norms + embeddings, norms
+
+
+@pytest.fixture
+def paper_gin() -> Iterator[Callable[..., None]]:
+    gin.add_config_file_search_path(str(REPO_ROOT))
+
+    def parse(name: str, *bindings: str) -> None:
+        parse_gin([name], bindings)
+
+    yield parse
+    gin.clear_config()
+
+
+def test_hand_counts_are_the_published_sizes() -> None:
+    assert hand_count(*PAPER["paper/qwen3_0_6b.gin"])[0] == 596_049_920        # "0.6B", 0.44B non-embedding
+    assert hand_count(*PAPER["paper/qwen3_14b.gin"])[0] == 14_768_307_200      # "14.8B"
+
+
+@pytest.mark.parametrize("name", sorted(PAPER))
+def test_each_paper_config_has_its_models_parameter_count(paper_gin, name: str) -> None:
+    paper_gin(name)
+    config = ModelConfig()
+    assert (config.num_kv_heads, config.head_dim, config.vocab_size, config.rope_theta) == (8, 128, VOCAB, 1e6)
+    params = abstract_params(config)
+    count = sum(math.prod(leaf.shape) for leaf in jax.tree_util.tree_leaves(params))
+    assert count == hand_count(*PAPER[name])[0]
+
+
+def test_14b_per_device_state_on_64_devices_matches_the_hand_computation(paper_gin) -> None:
+    paper_gin("paper/qwen3_14b.gin")
+    plan = plan_dry_run(64)
+    assert plan.mesh_shape == {"data": 1, "fsdp": 8, "tensor": 8}
+    total, norms = hand_count(*PAPER["paper/qwen3_14b.gin"])
+    # every matrix splits 64 ways (fsdp x tensor), the norm scales stay whole on every device; float32
+    per_device = ((total - norms) // 64 + norms) * 4
+    assert (total - norms) % 64 == 0
+    assert plan.state.param_count == total
+    assert plan.state.params == per_device == 924_692_480
+    assert plan.state.optimizer == 2 * per_device + 2 * 4  # AdamW mu and nu, plus two int32 step counters
+    assert plan.state.gradients == 2 * per_device and plan.state.reference == 0
+    by_path = {p.path: p for p in plan.placements}
+    assert by_path["layers/mlp/gate_proj/kernel"].local_shape == (40, 5120 // 8, 17408 // 8)
+    assert by_path["embed/embedding"].local_shape == (VOCAB // 8, 5120 // 8)
+    assert by_path["layers/input_norm/scale"].local_shape == (40, 5120)
+    assert not plan.problems
+
+
+def test_14b_activation_terms_follow_the_formula(paper_gin) -> None:
+    paper_gin("paper/qwen3_14b.gin")
+    plan = plan_dry_run(64)
+    stage2 = plan.stages[1]
+    b, t = 32 // 8, 13_312  # 32-row micro-batch over fsdp 8; 1,024 + 12,288 tokens in 1,024-token buckets
+    assert (stage2.dims.rows, stage2.padded) == (b, t)
+    heads, kv, mlp, vocab, e = 40 // 8, 8 // 8, 17408 // 8, VOCAB // 8, 5120
+    assert stage2.activations == {
+        "saved": 40 * b * t * e * 2,                                          # remat 'full': each layer's input
+        "layer": b * t * (5 * e + 3 * heads * 128 + 3 * kv * 128 + 3 * mlp) * 2,
+        "attention": 2 * b * heads * t * 512 * 4,
+        "head": 3 * b * 512 * vocab * 4,
+        "residual": 2 * b * t * e * 4,
+    }
+
+
+def test_kv_bytes_per_token_and_the_fleets_concurrent_sequences(paper_gin) -> None:
+    paper_gin("paper/qwen3_14b.gin")
+    plan = plan_dry_run(64)
+    assert plan.fleet.bytes_per_token == 2 * 40 * 8 * 128 * 2 == 163_840
+    budget = int(192 * GIB * 0.85 - 14_768_307_200 * 2)
+    assert plan.fleet.budget_bytes == budget
+    for stage, context in zip(plan.stages, (1024 + 8192, 1024 + 12288, 1024 + 12288)):
+        assert stage.sequences_per_server == budget // (context * 163_840)  # contexts are whole 16-token blocks
+    assert [s.sequences_per_server for s in plan.stages] == [96, 66, 66]
+    assert plan.total_rollouts == 512 * 32 and plan.fleet.servers == 64
+    config = ModelConfig(vocab_size=VOCAB, hidden_size=1024, intermediate_size=3072, num_layers=28, num_heads=16,
+                         num_kv_heads=8, head_dim=128)
+    assert kv_bytes_per_token(config, 2) == 114_688
+
+
+def test_server_flags_and_block_rounding() -> None:
+    args = ["--tensor-parallel-size", "2", "--gpu-memory-utilization=0.5", "--kv-cache-dtype", "fp8",
+            "--max-num-seqs", "8"]
+    shape = server_shape(args, "bfloat16")
+    assert shape == ServerShape(tensor_parallel=2, gpu_memory_utilization=0.5, block_size=16, weight_bytes=2,
+                                kv_dtype_bytes=1, max_num_seqs=8)
+    assert flag_value(["--a", "1", "--a=2"], "--a") == "2" and flag_value([], "--a") is None
+    assert kv_budget_bytes(shape, 100, 10) == 2 * 100 * 0.5 - 20
+    # 17 tokens take two 16-token blocks; the cap applies last
+    assert concurrent_sequences(10_000, 17, 10, 16) == 10_000 // 320
+    assert concurrent_sequences(10_000, 17, 10, 16, max_num_seqs=8) == 8
+
+
+def test_a_mesh_that_does_not_divide_the_devices_is_refused(paper_gin) -> None:
+    paper_gin("paper/qwen3_14b.gin")
+    with pytest.raises(DryRunError, match="60 devices are not divisible by 8"):
+        plan_dry_run(60)
+
+
+def test_a_model_that_does_not_fit_is_named(paper_gin) -> None:
+    paper_gin("paper/qwen3_14b.gin", "ClusterSpec.device_memory_gib = 16.0",
+              "ClusterSpec.fleet_gpu_memory_gib = 24.0")
+    plan = plan_dry_run(64)
+    assert any("stage 'stage2': the learner needs" in p for p in plan.problems)
+    assert any("leave no KV cache" in p for p in plan.problems)
+
+
+def test_remat_policies_order_the_saved_activations() -> None:
+    config = ModelConfig(vocab_size=VOCAB, hidden_size=1024, intermediate_size=3072, num_layers=28, num_heads=16,
+                         num_kv_heads=8, head_dim=128, remat_policy="full")
+    dims = local_dims(config, abstract_mesh({"data": 1, "fsdp": -1, "tensor": 1}, 4), 8, 1024)
+    assert dims.rows == 2
+    saved = [activation_parts(dataclasses.replace(config, remat_policy=policy), dims, 512)["saved"]
+             for policy in ("full", "dots_saveable", "none")]
+    assert saved[0] < saved[1] < saved[2]
+
+
+def test_the_command_prints_the_plan_and_exits_by_the_outcome(paper_gin, capsys: pytest.CaptureFixture) -> None:
+    gin.clear_config()
+    assert train_main(["--gin_file", "paper/qwen3_14b.gin", "--dry_run", "--devices", "64"]) == 0
+    out = capsys.readouterr().out
+    assert "64 devices = data 1 x fsdp 8 x tensor 8" in out and out.rstrip().endswith("and its rollout fleet")
+    gin.clear_config()
+    assert train_main(["--gin_file", "paper/qwen3_0_6b.gin", "--dry_run", "--devices", "12"]) == 1
+    assert "not divisible by 8" in capsys.readouterr().err
