@@ -1,0 +1,101 @@
+"""Running a grid's points, each in its own process, resumably (DESIGN "Everything is a gin parameter": gin is
+global state, so one process per point keeps every run's bindings apart).
+
+A point's run directory is GRID/points/NAME/. It is *finished* when SUMMARY_FILE (its held-out evaluation, written
+last and atomically) exists, *interrupted* when it holds POINT_FILE but no summary (the point's command then resumes
+from its last orbax checkpoint: experiments.train's resume), and *new* otherwise. A rerun of the grid skips finished
+points, resumes interrupted ones and starts new ones; a run directory that holds a different point (other bindings
+or model) is refused rather than mixed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import subprocess
+from pathlib import Path
+from typing import Callable, Literal, Mapping, Sequence
+
+from rstar_jax.console import say
+from rstar_jax.grid.points import GridError, Point
+from rstar_jax.train.metrics import METRICS_FILE, read_metrics
+
+POINTS_DIR = "points"
+POINT_FILE = "point.json"
+SUMMARY_FILE = "summary.json"
+Status = Literal["new", "interrupted", "finished"]
+PointCommand = Callable[[Point, Path], Sequence[str]]
+
+
+def run_dir(grid_dir: str | Path, point: Point) -> Path:
+    """Where `point`'s run lives inside the grid's folder."""
+    return Path(grid_dir) / POINTS_DIR / point.name
+
+
+def point_status(directory: str | Path) -> Status:
+    """"finished" (its summary exists), "interrupted" (started: point.json, no summary) or "new"."""
+    directory = Path(directory)
+    if (directory / SUMMARY_FILE).is_file():
+        return "finished"
+    if (directory / POINT_FILE).is_file():
+        return "interrupted"
+    return "new"
+
+
+def claim(directory: str | Path, point: Point) -> None:
+    """Record `point` in its run directory (POINT_FILE); GridError if the directory already holds another point."""
+    directory = Path(directory)
+    path = directory / POINT_FILE
+    if path.is_file():
+        stored = Point.from_json(json.loads(path.read_text()))
+        if (stored.bindings, stored.model) != (point.bindings, point.model):
+            raise GridError(f"{directory} holds a run of other settings (bindings {list(stored.bindings)}, model "
+                            f"{stored.model}), not {list(point.bindings)} from {point.model}; remove it or use "
+                            f"another --out")
+        return
+    directory.mkdir(parents=True, exist_ok=True)
+    write_json(path, point.to_json())
+
+
+def write_json(path: str | Path, data: Mapping) -> Path:
+    """Write `data` as JSON atomically (a temporary file renamed over `path`), so a reader never sees half of it."""
+    path = Path(path)
+    temporary = path.with_suffix(path.suffix + ".tmp")
+    temporary.write_text(json.dumps(data, indent=1) + "\n")
+    temporary.replace(path)
+    return path
+
+
+@dataclasses.dataclass
+class GridOutcome:
+    """What a pass over the grid did: point names skipped (already finished), run to the end, and failed."""
+
+    skipped: list[str] = dataclasses.field(default_factory=list)
+    finished: list[str] = dataclasses.field(default_factory=list)
+    failed: list[str] = dataclasses.field(default_factory=list)
+
+
+def run_points(points: Sequence[Point], grid_dir: str | Path, command: PointCommand,
+               env: Mapping[str, str] | None = None) -> GridOutcome:
+    """Run every point not yet finished, one after another, each as `command(point, run_dir)` in a subprocess
+    (output passed through); a failing point is reported and the others still run."""
+    outcome = GridOutcome()
+    for index, point in enumerate(points, 1):
+        directory = run_dir(grid_dir, point)
+        status = point_status(directory)
+        where = f"[{index}/{len(points)}] {point.name}"
+        if status == "finished":
+            say(f"{where}: finished before, skipped")
+            outcome.skipped.append(point.name)
+            continue
+        claim(directory, point)
+        steps = len(read_metrics(directory / METRICS_FILE))
+        say(f"{where}: {'resuming after ' + str(steps) + ' logged steps' if status == 'interrupted' else 'starting'}"
+            f" ({'; '.join(point.bindings)}; model {point.model})")
+        result = subprocess.run(list(command(point, directory)), env=None if env is None else dict(env))
+        if result.returncode == 0 and point_status(directory) == "finished":
+            outcome.finished.append(point.name)
+        else:
+            say(f"{where}: FAILED (exit status {result.returncode}); its log is in {directory}")
+            outcome.failed.append(point.name)
+    return outcome
