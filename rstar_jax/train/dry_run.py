@@ -300,16 +300,20 @@ def _fleet_lines(plan: DryRun) -> list[str]:
     kv = (f"  KV bytes per token = 2 x {c.num_layers} layers x {c.num_kv_heads} kv_heads x {c.head_dim} head_dim x "
           f"{f.shape.kv_dtype_bytes} B = {f.bytes_per_token:,} B ({f.bytes_per_token / 1024:g} KiB)")
     if f.backend == "vllm":
-        how = "attached by URL (RolloutBackend.vllm_urls)" if f.attached else "launched here (RolloutBackend.vllm_servers)"
+        how = ("attached by URL (RolloutBackend.vllm_urls)" if f.attached
+               else "launched here (RolloutBackend.vllm_servers)")
+        overhead = plan.cluster.fleet_overhead_gib
         lines = [f"== rollout fleet: {f.servers} vLLM servers, {how}; flags from gin server_command",
                  f"  per server: {f.shape.tensor_parallel} GPU(s) x {f.gpu_memory_bytes / GIB:g} GiB x "
                  f"gpu_memory_utilization {f.shape.gpu_memory_utilization:g} - weights "
                  f"{_count(plan.state.param_count)} x {f.shape.weight_bytes} B ({_gib(f.weight_bytes)})"
-                 + (f" - overhead {plan.cluster.fleet_overhead_gib:g} GiB/GPU" if plan.cluster.fleet_overhead_gib else "")
+                 + (f" - overhead {overhead:g} GiB/GPU" if overhead else "")
                  + f" = KV budget {_gib(f.budget_bytes)}",
                  kv,
                  f"  sequences at a length's full context (prompt allowance + max_response_tokens, in blocks of "
-                 f"{f.shape.block_size}), capped by --max-num-seqs {f.shape.max_num_seqs}:"]
+                 f"{f.shape.block_size}), " + (f"capped by --max-num-seqs {f.shape.max_num_seqs}:"
+                                               if f.shape.max_num_seqs else "not capped (vLLM's --max-num-seqs "
+                                               "default caps it too):")]
     else:
         lines = [f"== rollout engines: {f.servers} in-process JAX engine(s) of {f.shape.max_num_seqs} slots x "
                  f"{f.shape.max_model_len:,} tokens (RolloutBackend), cache {_gib(f.budget_bytes)} each", kv,
