@@ -11,13 +11,11 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Sequence
 
-import numpy as np
-
 from rstar_jax.agent.tool_protocol import ToolExecutor
 from rstar_jax.agent.trajectory import sampled_turn_texts
 from rstar_jax.console import Progress
 from rstar_jax.data.problem import Problem
-from rstar_jax.eval.metrics import trajectory_metrics
+from rstar_jax.eval.metrics import avg_at_k, pass_at_k, trajectory_metrics, verdict_matrix
 from rstar_jax.reward import verify_batch
 from rstar_jax.rollout.agent_loop import AgentLoop, RolloutSample
 from rstar_jax.rollout.engine import GenerationEngine
@@ -50,11 +48,11 @@ async def evaluate(engine: GenerationEngine, executor: ToolExecutor, tokenizer: 
         rollouts = await loop.rollout(list(problems), samples, seed=seed, on_done=lambda _: progress.advance())
     answers = ["\n".join(sampled_turn_texts(sample.trajectory, tokenizer)) for sample in rollouts]
     correct = verify_batch(answers, [sample.problem.answer for sample in rollouts], timeout_s=verify_timeout_s)
-    per_problem = np.asarray(correct, np.float64).reshape(len(problems), samples)
+    per_problem = verdict_matrix(correct, len(problems), samples)
     records = [{"id": problem.id, "answer": problem.answer, "correct": int(row.sum()), "samples": samples}
                for problem, row in zip(problems, per_problem)]
     summary = {"problems": len(problems), "samples": samples, "temperature": temperature,
                **trajectory_metrics([sample.trajectory for sample in rollouts], correct),
-               "pass_at_k": float(np.mean(per_problem.max(axis=1)))}
-    summary["accuracy"] = float(per_problem.mean())  # avg@k: the mean over problems of each one's solved share
+               "pass_at_k": pass_at_k(per_problem)}
+    summary["accuracy"] = avg_at_k(per_problem)  # avg@k: the mean over problems of each one's solved share
     return EvalResult(summary, records, rollouts, list(correct))

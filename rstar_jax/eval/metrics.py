@@ -42,3 +42,22 @@ def trajectory_metrics(trajectories: Sequence[Trajectory], correct: Sequence[boo
                                                  [t.turns for t in trajectories]))),
         "finish_reasons": dict(collections.Counter(t.finish_reason.value for t in trajectories)),
     }
+
+
+def verdict_matrix(correct: Sequence[bool], problems: int, samples: int) -> np.ndarray:
+    """Verdicts of `problems` x `samples` trajectories (problem-major, as the agent loop returns them) as a
+    [problems, samples] float matrix of 0/1."""
+    matrix = np.asarray(correct, np.float64)
+    if problems < 1 or samples < 1 or matrix.shape != (problems * samples,):
+        raise ValueError(f"{matrix.size} verdicts do not form {problems} problems x {samples} samples")
+    return matrix.reshape(problems, samples)
+
+
+def avg_at_k(verdicts: np.ndarray) -> float:
+    """avg@k pass@1 (SPEC 7): the mean over problems of the share of each problem's k samples that verify."""
+    return float(np.mean(verdicts))
+
+
+def pass_at_k(verdicts: np.ndarray) -> float:
+    """pass@k: the share of problems with at least one of their k samples verified."""
+    return float(np.mean(np.max(verdicts, axis=1)))

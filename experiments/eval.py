@@ -1,0 +1,120 @@
+"""Benchmark evaluation (SPEC section 7): avg@k pass@1 and pass@k of a model on AIME24, AIME25, HMMT25, MATH-500,
+AMC23 and GSM8K, through the agent loop with the Python tool.
+
+    python -m experiments.eval --model DIR_or_RUN --out OUT [--benchmarks aime24,math500] [--limit N]
+                               [--gin_file ...] [--gin_param ...]
+
+DIR is an HF folder (config.json, weights, tokenizer); RUN an RL run folder (its checkpoints/, the latest step or
+--step; config and tokenizer from RUN/model/ or --base_model). The protocol is gin `BenchmarkEval` (default files:
+sft/tiny_format.gin and eval/tiny_cpu.gin, the tiny demo model on 2 CPU cores; the paper's protocol, avg@16 at
+T = 0.6 with 30 turns and 30K tokens, is `--gin_file eval/paper.gin`), the engines gin `RolloutBackend` (JAX engines
+or a vLLM fleet). Starts a sandbox server unless given --sandbox_url. Writes OUT/problems/<set>.jsonl (one record per
+problem: id, answer, per-sample correctness, answers, response lengths, tool calls), OUT/summary.md and
+OUT/summary.json (each set's problem count, k, avg@k and pass@k, beside the paper's reported rows), OUT/eval.log and
+OUT/operative_config.gin.
+
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import sys
+import time
+from pathlib import Path
+from typing import Any, Sequence
+
+import rstar_jax.train.sft_run  # noqa: F401  (registers train_sft & co., which sft/tiny_format.gin binds)
+from rstar_jax.console import log_to, say
+from rstar_jax.eval.agentic import EvalResult
+from rstar_jax.eval.benchmark_report import problem_records, set_row, summary_markdown
+from rstar_jax.eval.benchmark_run import BenchmarkEval
+from rstar_jax.eval.benchmarks import BENCHMARKS, load_benchmark, parse_benchmark_names
+from rstar_jax.eval.model_source import load_model, resolve_model_source
+from rstar_jax.eval.references import SOURCE
+from rstar_jax.gin_setup import GinConfigError, knob_help, parse_gin, write_operative_config
+from rstar_jax.rollout.backends import RolloutBackend
+from rstar_jax.tokenizers import load_tokenizer
+from sandbox_server.launcher import running_server
+
+DEFAULT_GIN = ("sft/tiny_format.gin", "eval/tiny_cpu.gin")
+KNOBS = ("BenchmarkEval.samples", "BenchmarkEval.temperature", "BenchmarkEval.max_turns",
+         "BenchmarkEval.max_response_tokens", "BenchmarkEval.seed", "RolloutBackend.backend",
+         "RolloutBackend.slots", "RolloutBackend.max_len", "RolloutBackend.vllm_servers", "RolloutBackend.vllm_urls")
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+                                     epilog=knob_help(DEFAULT_GIN, KNOBS))
+    parser.add_argument("--model", required=True, help="HF model folder, or RL run folder (its checkpoints/)")
+    parser.add_argument("--out", required=True, help="output folder")
+    parser.add_argument("--benchmarks", default="all", help=f"comma-separated, from {', '.join(BENCHMARKS)} "
+                        "(default: all)")
+    parser.add_argument("--limit", type=int, default=None, help="only the first N problems of each set")
+    parser.add_argument("--step", type=int, default=None, help="RL checkpoint step (default: the latest)")
+    parser.add_argument("--base_model", default=None, help="HF folder giving an RL run's config and tokenizer "
+                        "(default: RUN/model)")
+    parser.add_argument("--sandbox_url", action="append", default=[], help="running sandbox servers (default: "
+                        "start one here)")
+    parser.add_argument("--gin_file", action="append", default=None,
+                        help=f"gin files (default: {', '.join(DEFAULT_GIN)})")
+    parser.add_argument("--gin_param", action="append", default=[], help="e.g. 'BenchmarkEval.samples = 4'")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
+    """Command-line entry point; returns summary.json's content. Every argument is checked before any work."""
+    parser = _parser()
+    args = parser.parse_args(argv)
+    try:
+        names = parse_benchmark_names(args.benchmarks)
+        if args.limit is not None and args.limit < 1:
+            raise ValueError(f"--limit must be >= 1, got {args.limit}")
+        source = resolve_model_source(args.model, args.base_model, args.step)
+        parse_gin(args.gin_file or DEFAULT_GIN, args.gin_param)
+        protocol, backend = BenchmarkEval(), RolloutBackend()
+        sets = {name: load_benchmark(name, args.limit) for name in names}
+        tokenizer = load_tokenizer(source.base)
+        protocol.check_fits(tokenizer, sets, backend.token_limit)
+    except (ValueError, FileNotFoundError, GinConfigError) as error:
+        parser.error(str(error))
+    out = Path(args.out)
+    command = "python -m experiments.eval " + shlex.join(sys.argv[1:] if argv is None else list(argv))
+    started = time.monotonic()
+    rows: list[dict[str, Any]] = []
+
+    def set_done(name: str, result: EvalResult, seconds: float) -> None:
+        path = out / "problems" / f"{name}.jsonl"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("".join(json.dumps(r) + "\n" for r in problem_records(result, tokenizer)))
+        rows.append(set_row(name, result, seconds))
+        say(f"{BENCHMARKS[name].title}: avg@{rows[-1]['k']} {100 * rows[-1]['avg_at_k']:.1f}%, "
+            f"pass@{rows[-1]['k']} {100 * rows[-1]['pass_at_k']:.1f}% over {rows[-1]['problems']} problems "
+            f"({seconds:.0f} s); records in {path}")
+
+    with log_to(out / "eval.log"):
+        say(f"evaluating {source.describe()} on {', '.join(f'{n} ({len(p)})' for n, p in sets.items())}: "
+            f"k = {protocol.samples} at T = {protocol.temperature:g}, {protocol.max_turns} turns, "
+            f"{protocol.max_response_tokens} tokens, {backend.backend} engines")
+        config, params = load_model(source)
+        if args.sandbox_url:
+            protocol.run(config, params, str(source.base), tokenizer, sets, args.sandbox_url, out, backend, set_done)
+        else:
+            with running_server(["--workers", "2"]) as sandbox:
+                protocol.run(config, params, str(source.base), tokenizer, sets, [sandbox.url], out, backend,
+                             set_done)
+        engines = (f"{backend.jax_engines} in-process JAX engine(s) of {backend.slots} x {backend.max_len} tokens"
+                   if backend.backend == "jax" else f"vLLM ({', '.join(backend.vllm_urls) or backend.vllm_servers})")
+        summary = {"model": source.describe(), "command": command, "settings": protocol.settings(),
+                   "backend": engines, "limit": args.limit, "seconds": time.monotonic() - started,
+                   "references_source": SOURCE, "benchmarks": rows}
+        (out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
+        (out / "summary.md").write_text(summary_markdown(rows, summary))
+        write_operative_config(out)
+        say(f"wrote {out / 'summary.md'} and {out / 'summary.json'} ({summary['seconds']:.0f} s)")
+    return summary
+
+
+if __name__ == "__main__":
+    main()
