@@ -60,6 +60,7 @@ class ClusterSpec:
     fleet_gpu_memory_gib: float = 80.0
     fleet_overhead_gib: float = 0.0
     prompt_tokens: int = 256
+    activation_factor: float = 2.0
 
     def __post_init__(self) -> None:
         if min(self.device_memory_gib, self.fleet_gpu_memory_gib) <= 0 or self.fleet_overhead_gib < 0:
@@ -67,6 +68,8 @@ class ClusterSpec:
         if not 0.0 < self.learner_memory_fraction <= 1.0:
             raise ValueError(f"ClusterSpec.learner_memory_fraction must be in (0, 1], got "
                              f"{self.learner_memory_fraction}")
+        if self.activation_factor <= 0:
+            raise ValueError(f"ClusterSpec.activation_factor must be positive, got {self.activation_factor}")
         if self.prompt_tokens < 1:
             raise ValueError(f"ClusterSpec.prompt_tokens must be >= 1, got {self.prompt_tokens}")
 
@@ -207,9 +210,11 @@ def plan_dry_run(device_count: int) -> DryRun:
         parts = activation_parts(config, dims, chunk)
         stages.append(LengthPlan(stage.name, stage.steps, stage.max_turns, context, padded, dims, parts,
                                  _sequences(fleet, context)))
-        if state.total + sum(parts.values()) > usable:
+        needed = state.total + cluster.activation_factor * sum(parts.values())
+        if needed > usable:
             problems.append(
-                f"stage {stage.name!r}: the learner needs {_gib(state.total + sum(parts.values()))} per device but "
+                f"stage {stage.name!r}: the learner needs {_gib(needed)} per device (state + "
+                f"{cluster.activation_factor:g} x activations) but "
                 f"{_gib(usable)} is usable ({cluster.device_memory_gib:g} GiB x {cluster.learner_memory_fraction:g}):"
                 f" lower RLSettings.micro_batch_rows, use ModelConfig.remat_policy 'full', or more fsdp devices")
     eval_context = cluster.prompt_tokens + evaluation.max_response_tokens
@@ -281,16 +286,17 @@ def _memory_lines(plan: DryRun) -> list[str]:
              f"  activations: micro-batch of {plan.micro_batch_rows} rows (RLSettings.micro_batch_rows), "
              f"token_logprobs chunk {plan.chunk}",
              f"  {'stage':<10} {'steps':>5} {'T':>7} {'rows/dev':>8} {'saved':>10} {'layer':>10} {'attention':>10} "
-             f"{'head':>10} {'residual':>10} {'total':>10} {'+ state':>10}  fits"]
+             f"{'head':>10} {'residual':>10} {'total':>10} {'x' + format(plan.cluster.activation_factor, 'g') + ' + state':>13}  fits"]
     for st in plan.stages:
         a = st.activations
-        total = st.activation_total + s.total
+        total = plan.cluster.activation_factor * st.activation_total + s.total
         lines.append(f"  {st.name:<10} {st.steps:>5} {st.padded:>7,} {st.dims.rows:>8} "
                      + " ".join(f"{a[k] / GIB:>10.2f}" for k in ("saved", "layer", "attention", "head", "residual"))
-                     + f" {st.activation_total / GIB:>10.2f} {total / GIB:>10.2f}  "
+                     + f" {st.activation_total / GIB:>10.2f} {total / GIB:>13.2f}  "
                      + ("yes" if total <= plan.usable_bytes else "NO"))
     lines.append("  (GiB; T = bucket_length(prompt allowance "
-                 f"{plan.cluster.prompt_tokens:,} + max_response_tokens) under gin scope 'rl')")
+                 f"{plan.cluster.prompt_tokens:,} + max_response_tokens) under gin scope 'rl'; the fits check "
+                 f"multiplies the estimate by ClusterSpec.activation_factor = {plan.cluster.activation_factor:g})")
     lines += ["  " + line for line in ACTIVATION_FORMULA.splitlines()]
     return lines
 
