@@ -21,12 +21,13 @@ def is_percent(figure: str) -> bool:
     return any(word in figure for word in PERCENT_KEYS)
 
 
-def cell(value: Spread | None, percent: bool) -> str:
-    """A table cell: "mean ± sd" (percent points for shares), the mean alone for one run, "-" for none."""
+def cell(value: Spread | None, percent: bool, signed: bool = False) -> str:
+    """A table cell: "mean ± sd" (percent points for shares; a sign for changes when `signed`), the mean alone for
+    one run, "-" for none."""
     if value is None:
         return "-"
     scale, unit = (100.0, "%") if percent else (1.0, "")
-    text = f"{scale * value.mean:.1f}{unit}"
+    text = f"{scale * value.mean:{'+' if signed else ''}.1f}{unit}"
     return text if value.sd is None else f"{text} ± {scale * value.sd:.1f}"
 
 
@@ -44,7 +45,7 @@ def heldout_tables(report: Mapping[str, Mapping[str, Any]]) -> list[str]:
         def triple(key: str, with_change: bool = True) -> list[str]:
             spreads = figures.get(key, {})
             whens = ("start", "after", "change") if with_change else ("start", "after")
-            return [cell(spreads.get(when), is_percent(key)) for when in whens]
+            return [cell(spreads.get(when), is_percent(key), when == "change") for when in whens]
 
         accuracy_rows.append([group, str(len(data["runs"])), *triple("sampled/accuracy"),
                               *triple("sampled/pass_at_k", False), *triple("greedy/accuracy")])
@@ -105,7 +106,7 @@ def write_report(results: Sequence[PointResult], out_dir: str | Path, title: str
     finished = sum(result.summary is not None for result in results)
     averaged = f"; each group is the mean ± sample sd over its runs ({', '.join(over)})" if over else ""
     steps = max((len(result.metrics) for result in results), default=0)
-    lines = [f"# {title}", "", *preamble, "" if preamble else "",
+    lines = [f"# {title}", "", *preamble, *([""] if preamble else []),
              f"{finished} of {len(results)} runs finished{averaged}. Held-out: {describe_evaluation(results)}; "
              f"change = after RL - start model, per run.", ""]
     curves = plot_curves(report, out_dir / "curves.png", title)
