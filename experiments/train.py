@@ -31,7 +31,6 @@ from rstar_jax.console import log_to, say
 from rstar_jax.gin_setup import knob_help, parse_gin, write_operative_config
 from rstar_jax.model import load_hf
 from rstar_jax.model.folder import save_model_folder
-from rstar_jax.paths import REPO_ROOT
 from rstar_jax.train.metrics import read_metrics
 from rstar_jax.train.plots import plot_metrics
 from rstar_jax.train.dry_run import DryRunError, format_dry_run, plan_dry_run
@@ -83,7 +82,6 @@ def main(argv: Sequence[str] | None = None) -> Path | int:
     args = parser.parse_args(argv)
     if not args.dry_run and (args.model is None or args.out is None):
         parser.error("--model and --out are required (unless --dry_run)")
-    gin.add_config_file_search_path(str(REPO_ROOT))  # `include 'gin/...'` inside gin files, from any directory
     parse_gin(args.gin_file or [TINY_MODEL_GIN, SFT_GIN, DEMO_GIN], args.gin_param)
     if args.dry_run:
         return dry_run(args.devices if args.devices is not None else jax.device_count())

@@ -15,6 +15,8 @@ import gin
 from rstar_jax.paths import REPO_ROOT
 
 GIN_DIR = REPO_ROOT / "gin"
+# `include 'gin/...'` inside a gin file (the paper configs) resolves from the repo root, whatever the working directory.
+gin.add_config_file_search_path(str(REPO_ROOT))
 
 
 class GinConfigError(ValueError):
