@@ -93,7 +93,8 @@ def run_experiment(points: Sequence[Point], args: argparse.Namespace, default_gi
                 url = args.sandbox_url or (stack.enter_context(running_server(["--workers", "2"])).url
                                            if pending else "")
                 outcome = run_points(points, out, lambda point, directory: point_command(
-                    point, directory, gin_files, args.gin_param, url, out / START_EVAL_DIR))
+                    point, directory, gin_files, args.gin_param, url, out / START_EVAL_DIR),
+                    base={"gin_files": gin_files, "gin_params": args.gin_param})
             failed = outcome.failed
         results = load_results(out, points)
         report = write_report(results, args.report_dir or out, title, over,

@@ -2,10 +2,10 @@
 global state, so one process per point keeps every run's bindings apart).
 
 A point's run directory is GRID/points/NAME/. It is *finished* when SUMMARY_FILE (its held-out evaluation, written
-last and atomically) exists, *interrupted* when it holds POINT_FILE but no summary (the point's command then resumes
-from its last orbax checkpoint: experiments.train's resume), and *new* otherwise. A rerun of the grid skips finished
-points, resumes interrupted ones and starts new ones; a run directory that holds a different point (other bindings
-or model) is refused rather than mixed.
+last and atomically) exists, *interrupted* when it holds POINT_FILE (the point's bindings, model and the grid's base
+gin settings) but no summary (the point's command then resumes from its last orbax checkpoint: experiments.train's
+resume), and *new* otherwise. A rerun of the grid skips finished points, resumes interrupted ones and starts new
+ones; a run directory that holds a run of other settings (bindings, model or base gin) is refused, not mixed in.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import dataclasses
 import json
 import subprocess
 from pathlib import Path
-from typing import Callable, Literal, Mapping, Sequence
+from typing import Any, Callable, Literal, Mapping, Sequence
 
 from rstar_jax.console import say
 from rstar_jax.grid.points import GridError, Point
@@ -42,19 +42,23 @@ def point_status(directory: str | Path) -> Status:
     return "new"
 
 
-def claim(directory: str | Path, point: Point) -> None:
-    """Record `point` in its run directory (POINT_FILE); GridError if the directory already holds another point."""
+def claim(directory: str | Path, point: Point, base: Mapping[str, Any] | None = None) -> None:
+    """Record `point` and the grid's `base` settings (gin files and bindings every point shares) in its run directory
+    (POINT_FILE); GridError if the directory already holds a run of other bindings, model or base."""
     directory = Path(directory)
     path = directory / POINT_FILE
+    record = {**point.to_json(), "base": dict(base or {})}
     if path.is_file():
-        stored = Point.from_json(json.loads(path.read_text()))
-        if (stored.bindings, stored.model) != (point.bindings, point.model):
-            raise GridError(f"{directory} holds a run of other settings (bindings {list(stored.bindings)}, model "
-                            f"{stored.model}), not {list(point.bindings)} from {point.model}; remove it or use "
-                            f"another --out")
+        stored = json.loads(path.read_text())
+        settings = ("bindings", "model", "base")
+        if any(stored.get(key) != record[key] for key in settings):
+            raise GridError(f"{directory} holds a run of other settings ("
+                            + "; ".join(f"{key} {stored.get(key)}" for key in settings) + "), not ("
+                            + "; ".join(f"{key} {record[key]}" for key in settings)
+                            + "); remove it or use another --out")
         return
     directory.mkdir(parents=True, exist_ok=True)
-    write_json(path, point.to_json())
+    write_json(path, record)
 
 
 def write_json(path: str | Path, data: Mapping) -> Path:
@@ -76,19 +80,20 @@ class GridOutcome:
 
 
 def run_points(points: Sequence[Point], grid_dir: str | Path, command: PointCommand,
-               env: Mapping[str, str] | None = None) -> GridOutcome:
+               base: Mapping[str, Any] | None = None, env: Mapping[str, str] | None = None) -> GridOutcome:
     """Run every point not yet finished, one after another, each as `command(point, run_dir)` in a subprocess
-    (output passed through); a failing point is reported and the others still run."""
+    (output passed through); a failing point is reported and the others still run. `base`: the settings every
+    point shares, recorded with each (`claim`) so that a rerun with other ones is refused, not mixed in."""
     outcome = GridOutcome()
     for index, point in enumerate(points, 1):
         directory = run_dir(grid_dir, point)
         status = point_status(directory)
         where = f"[{index}/{len(points)}] {point.name}"
+        claim(directory, point, base)
         if status == "finished":
             say(f"{where}: finished before, skipped")
             outcome.skipped.append(point.name)
             continue
-        claim(directory, point)
         steps = len(read_metrics(directory / METRICS_FILE))
         say(f"{where}: {'resuming after ' + str(steps) + ' logged steps' if status == 'interrupted' else 'starting'}"
             f" ({'; '.join(point.bindings)}; model {point.model})")

@@ -78,6 +78,11 @@ def test_a_run_folder_holding_other_settings_is_refused(tmp_path: Path) -> None:
         claim(directory, other)
     with pytest.raises(GridError, match="holds a run of other settings"):
         run_points([other], tmp_path, lambda p, d: [sys.executable, "-c", ""])
+    with pytest.raises(GridError, match="holds a run of other settings"):
+        claim(directory, point, {"gin_params": ["RLSettings.prompts_per_step = 2"]})
+    (directory / SUMMARY_FILE).write_text("{}")
+    with pytest.raises(GridError, match="holds a run of other settings"):  # a finished one too: never mixed in
+        run_points([point], tmp_path, lambda p, d: [sys.executable, "-c", ""], base={"gin_files": ["other.gin"]})
 
 
 def test_every_point_is_checked_before_any_run(tmp_path: Path) -> None:
