@@ -14,8 +14,11 @@ per run (experiments.train's run folder, operative_config.gin, summary.json writ
 start model evaluated once), GRID/grid.json, and report.md, report.json, curves.png, heldout.png in GRID (or
 --report_dir). A rerun skips finished runs and resumes interrupted ones from their last checkpoint.
 
-The real CPU ablation (6 arms x 3 seeds = 18 runs of the demo's 10 RL steps, from the demo's SFT model of each seed;
-about 3 h on 2 quiet cores):
+The real CPU ablation: 6 arms x 3 seeds = 18 runs of the demo's 10 RL steps, each seed from its demo SFT model
+(`python -m experiments.demo --out /tmp/exp/seedN --seed N`). Estimated 2 h of 2 quiet cores: a RoC run ~7.5 min
+(~1 min start-up and compilation, ~5.5 min of RL as in the demo, ~1.5 min held-out evaluation), a penalty or GRPO
+run ~5.5 min (half the rollouts: G per prompt, not 2G), 3 start-model evaluations ~1.5 min each; 2-3x that while
+other jobs share the cores:
 
     python -m experiments.ablate --model '/tmp/exp/seed{seed}/sft/model' --seeds 0 1 2 --out runs/ablation \\
         --report_dir experiments/reports/ablation

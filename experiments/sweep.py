@@ -20,8 +20,10 @@ ratio in correct trajectories, response length, tool calls) and heldout.png. Eac
 is global state). A rerun with the same arguments skips finished points and resumes interrupted ones from their last
 checkpoint; a point folder holding other bindings is refused.
 
-The committed stage-length sweep on the CPU demo (3 schedules x 10 RL steps from seed 0's demo SFT model; about
-1 h 30 min on 2 quiet cores):
+The real stage-length sweep on the CPU demo (3 schedules x the demo's 10 RL steps, from seed 0's demo SFT model,
+made by `python -m experiments.demo --out /tmp/exp/seed0 --seed 0`); estimated 25-30 min of 2 quiet cores (per
+point ~7 min: ~1 min start-up and compilation, ~5.5 min of RL as in the demo, ~1.5 min held-out evaluation; plus
+~1.5 min for the start model once), 2-3x that while other jobs share the cores:
 
     python -m experiments.sweep --model /tmp/exp/seed0/sft/model --out runs/sweep_stage_lengths \\
         --grid_file experiments/grids/stage_lengths.json --report_dir experiments/reports/sweep_stage_lengths
