@@ -47,7 +47,7 @@ def problem_records(result: EvalResult, tokenizer: Any) -> list[dict[str, Any]]:
 
 
 def set_row(name: str, result: EvalResult, seconds: float) -> dict[str, Any]:
-    """The summary of one set: its problem count, k, avg@k pass@1 and pass@k (fractions), and the trajectories'
+    """The summary of one set (SPEC 7): its problem count, k, avg@k pass@1 and pass@k (fractions), and the trajectories'
     mean response length, tool calls, tool-error ratios and finish reasons; `seconds` it took."""
     summary = result.summary
     return {
@@ -73,8 +73,8 @@ def _percent(value: float | None) -> str:
 
 
 def results_table(rows: Sequence[Mapping[str, Any]]) -> str:
-    """Markdown: one line per set with its problem count, k, avg@k pass@1 and pass@k (%), mean response tokens,
-    tool calls per trajectory, tool-error ratio and seconds."""
+    """Markdown (SPEC 7's figures): one line per set with its problem count, k, avg@k pass@1 and pass@k (%), mean
+    response tokens, tool calls per trajectory, tool-error ratio and seconds."""
     k = {row["k"] for row in rows}
     k_label = f"@{k.pop()}" if len(k) == 1 else "@k"
     lines = [f"| benchmark | problems | k | avg{k_label} pass@1 (%) | pass{k_label} (%) | response tokens (mean) | "
@@ -104,7 +104,7 @@ def reference_table(rows: Sequence[Mapping[str, Any]], label: str = "this run",
 
 
 def summary_markdown(rows: Sequence[Mapping[str, Any]], header: Mapping[str, Any]) -> str:
-    """The whole summary: what was evaluated and how (`header`: model, command, protocol, backend, seconds), the
+    """The whole SPEC 7 summary: what was evaluated and how (`header`: model, command, protocol, backend, seconds), the
     results table, the reference table and where its numbers come from."""
     settings = header["settings"]
     lines = ["# Benchmark evaluation", "",

@@ -50,12 +50,13 @@ class BenchmarkEval:
                              f"{self.samples}")
 
     def settings(self) -> dict[str, Any]:
-        """The protocol as a JSON-ready dict (recorded beside the scores)."""
+        """The SPEC 7 protocol as a JSON-ready dict (recorded beside the scores)."""
         return dataclasses.asdict(self)
 
     def check_fits(self, tokenizer: Any, sets: Mapping[str, Sequence[Problem]], token_limit: int | None) -> None:
-        """Refuse, before any work, a set whose longest prompt plus `max_response_tokens` exceeds what one engine
-        slot holds (`RolloutBackend.token_limit`; None: unknown, as for a vLLM server, so nothing is checked)."""
+        """Refuse, before any work, a set whose longest prompt plus `max_response_tokens` (SPEC 7's budget) exceeds
+        what one engine slot holds (`RolloutBackend.token_limit`; None: unknown, as for a vLLM server, so nothing
+        is checked)."""
         if token_limit is None:
             return
         for name, problems in sets.items():
@@ -69,8 +70,9 @@ class BenchmarkEval:
             sets: Mapping[str, Sequence[Problem]], sandbox_urls: Sequence[str], work_dir: str | Path,
             backend: RolloutBackend | None = None,
             on_set_done: Callable[[str, EvalResult, float], None] | None = None) -> dict[str, EvalResult]:
-        """Each set's `EvalResult`, in `sets`' order, from engines `backend` starts on `params` (served from
-        `work_dir` for a vLLM fleet); `on_set_done(name, result, seconds)` is called as each set finishes."""
+        """Each set's `EvalResult` (SPEC 7: avg@k and pass@k), in `sets`' order, from engines `backend` starts on
+        `params` (served from `work_dir` for a vLLM fleet); `on_set_done(name, result, seconds)` is called as each
+        set finishes."""
         backend = backend or RolloutBackend()
         self.check_fits(tokenizer, sets, backend.token_limit)
         with backend.start(config, params, work_dir, tokenizer_name) as engines:

@@ -45,8 +45,8 @@ def trajectory_metrics(trajectories: Sequence[Trajectory], correct: Sequence[boo
 
 
 def verdict_matrix(correct: Sequence[bool], problems: int, samples: int) -> np.ndarray:
-    """Verdicts of `problems` x `samples` trajectories (problem-major, as the agent loop returns them) as a
-    [problems, samples] float matrix of 0/1."""
+    """Verdicts (SPEC 3 rewards) of `problems` x `samples` trajectories (problem-major, as the agent loop returns
+    them) as a [problems, samples] float matrix of 0/1."""
     matrix = np.asarray(correct, np.float64)
     if problems < 1 or samples < 1 or matrix.shape != (problems * samples,):
         raise ValueError(f"{matrix.size} verdicts do not form {problems} problems x {samples} samples")

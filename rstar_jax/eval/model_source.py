@@ -51,7 +51,7 @@ def _is_hf_folder(path: Path) -> bool:
 
 def checkpoint_steps(checkpoints: Path) -> list[int]:
     """The complete checkpoints' steps under an orbax checkpoints/ directory, ascending (orbax writes a step's
-    commit_success.txt once every item is on disk)."""
+    commit_success.txt once every item is on disk); SPEC 7 scores any of them."""
     if not checkpoints.is_dir():
         return []
     return sorted(int(d.name) for d in checkpoints.iterdir()
@@ -60,8 +60,9 @@ def checkpoint_steps(checkpoints: Path) -> list[int]:
 
 def resolve_model_source(path: str | Path, base: str | Path | None = None, step: int | None = None) -> ModelSource:
     """`path`: an HF folder (has config.json), an RL run folder (has checkpoints/), its checkpoints/ directory, or
-    one checkpoints/<step> directory. `step` picks a checkpoint (default: the latest); `base` the HF folder giving
-    config and tokenizer for a checkpoint. Raises FileNotFoundError / ValueError with what is missing."""
+    one checkpoints/<step> directory (SPEC 7 evaluates the trained model). `step` picks a checkpoint (default: the
+    latest); `base` the HF folder giving config and tokenizer for a checkpoint. Raises FileNotFoundError /
+    ValueError with what is missing."""
     folder = Path(path)
     if not folder.exists():
         raise FileNotFoundError(f"model folder {folder} does not exist")
@@ -98,8 +99,8 @@ def _base_folder(run: Path, base: str | Path | None) -> Path:
 
 
 def restore_rl_params(checkpoints: Path, step: int, config: ModelConfig) -> Params:
-    """The model parameters of an RL checkpoint (only the TrainState's params are read, not the optimiser state),
-    on this process's first device."""
+    """The model parameters of an RL checkpoint for evaluation (SPEC 7; only the TrainState's params are read, not
+    the optimiser state), on this process's first device."""
     import orbax.checkpoint as ocp  # only checkpoints need orbax; HF folders load without it
 
     device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
