@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 import numpy as np
+from matplotlib.ticker import MaxNLocator
 
 from rstar_jax.train.plots import plt
 
@@ -43,12 +44,13 @@ def plot_curves(report: Mapping[str, Mapping[str, Any]], path: str | Path, title
                 panel.fill_between(steps, means - sds, means + sds, color=line.get_color(), alpha=0.15)
         panel.set_title(CURVE_TITLES[name])
         panel.set_xlabel("step")
+        panel.xaxis.set_major_locator(MaxNLocator(integer=True))
         panel.grid(alpha=0.3)
     for panel in list(axes.flat)[len(names):]:
         panel.axis("off")
     axes.flat[0].legend(fontsize=7)
     figure.suptitle(title)
-    figure.tight_layout()
+    figure.tight_layout(rect=(0, 0, 1, 1 - 0.25 / figure.get_figheight()))
     return _save(figure, path)
 
 
@@ -74,7 +76,7 @@ def plot_heldout(report: Mapping[str, Mapping[str, Any]], path: str | Path, titl
         panel.grid(alpha=0.3, axis="y")
     axes.flat[0].legend(fontsize=7)
     figure.suptitle(title)
-    figure.tight_layout()
+    figure.tight_layout(rect=(0, 0, 1, 1 - 0.25 / figure.get_figheight()))
     return _save(figure, path)
 
 
