@@ -112,7 +112,8 @@ def test_bad_grids_give_clear_errors(tmp_path: Path) -> None:
     with pytest.raises(GridError, match="share the run name 'x_y'"):
         expand([clash], "m")
     for content, message in [("{", "grid file"), ('{"axes": {}}', "expected an object"),
-                             ('{"axes": {"a": 3}}', "axis 'a'"), ('{"axes": {"a": {"x": ["no binding"]}}}', "value 'x'"),
+                             ('{"axes": {"a": 3}}', "axis 'a'"),
+                             ('{"axes": {"a": {"x": ["no binding"]}}}', "value 'x'"),
                              ('{"axes": {"RLSettings.seed": [1]}, "base": []}', "unknown keys")]:
         path = tmp_path / "grid.json"
         path.write_text(content)
