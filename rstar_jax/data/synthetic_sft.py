@@ -31,7 +31,7 @@ _FAULTY_FINAL_LINES = {
     "syntax": ("print(result", "print result"),
     "name": ("print(answer)", "print(reslt)"),
 }
-_INTROS = (
+INTROS = (  # the first assistant turn's reason, one chosen per transcript (and per copy drill)
     "Doing this by hand is error-prone, so I compute it exactly with Python.",
     "I will let Python do the exact arithmetic.",
     "This is a long computation; I run it in Python.",
@@ -85,7 +85,7 @@ def plan_solutions(tasks: Sequence[SyntheticTask], seed: int, faulty_fraction: f
     faulty = set(rng.sample(range(len(tasks)), round(faulty_fraction * len(tasks))))
     plans = []
     for index, task in enumerate(tasks):
-        intro = rng.choice(_INTROS)
+        intro = rng.choice(INTROS)
         fault = rng.choice(sorted(_FAULTY_FINAL_LINES))
         if index in faulty:
             plans.append(SolutionPlan(task, intro, fault, faulty_version(task.solution_code, fault, rng)))
