@@ -1,30 +1,49 @@
 """Copy drills: short sequences dense in the copies a tool-using solver makes, the warm-up of the demo's format SFT.
 
-Why (issue 9; measured in BENCHMARKS.md "Copying numbers"): a solver that calls the tool must copy the question's
-numbers into its program. In whole transcripts those copies are a few tokens among hundreds of template and prompt
-tokens, and the tiny model did not learn them from transcripts alone. Each drill strings together a few questions,
-each in a user turn followed by the assistant turn that calls the tool with its program, exactly as a transcript
-lays them out. The layout matters: the copy crosses the assistant turn's opening (its reason and the tool call's
-JSON, ~30 tokens). Drills that put each program right after its question taught a copy the model did not use inside
-transcripts (teacher-forced, the first program's numbers right 7-44% of the time by seed, against 55-73% for the
-outputs' copies into answers, which transcripts teach well enough, so the drills leave them out).
+Why (issue 9; measured in BENCHMARKS.md): a solver that calls the tool must copy the question's numbers into its
+program and the program's output into its answer. In whole transcripts those copies are a few tokens among hundreds
+of template and prompt tokens, and the tiny model never learned them (it wrote the same numbers for every question,
+1-3 of 64 answers right). Each drill strings together a few pieces laid out exactly as in a transcript: a user turn
+with a synthetic question and the assistant turn that calls the tool with its program, or a tool response with an
+output and the final turn that boxes it. The layout matters: the hard copy is the question's numbers into the
+program across the assistant turn's opening (its reason and the tool call's JSON, ~30 tokens); drills that put the
+program right after the question taught a copy that the model did not use inside transcripts (teacher-forced, the
+first program's numbers were right 7-44% of the time depending on the seed, against 55-75% for the other copies).
 
-Questions come from the training split of the synthetic tasks. Drill `index` of `seed` is always the same sequence.
+Questions come from the training split of the synthetic tasks; the outputs are random numbers, not the tasks'
+answers, so no drill states an answer. Drill `index` of `seed` is always the same sequence.
 """
 
 from __future__ import annotations
 
 import random
+from dataclasses import dataclass
 from typing import Sequence
 
 from transformers import PreTrainedTokenizerBase
 
 from rstar_jax.agent.tool_call import ToolCall, tool_call_text
+from rstar_jax.agent.tool_response import format_tool_response
 from rstar_jax.data.synthetic import KINDS, synthetic_task
-from rstar_jax.data.synthetic_sft import INTROS
+from rstar_jax.data.synthetic_sft import INTROS, final_turn_text
 from rstar_jax.tokenizers.special_tokens import IM_END, IM_START
 
 MAX_DIFFICULTY = 3
+
+
+@dataclass(frozen=True)
+class _PrintedValue:
+    """A successful run that printed `stdout` (a `ToolOutcome`, for `format_tool_response`)."""
+
+    stdout: str
+    status: str = "ok"
+    stderr: str = ""
+    exit_code: int = 0
+    duration_ms: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        return True
 
 
 def _turn(role: str, text: str) -> str:
@@ -37,13 +56,21 @@ def _question_and_program(rng: random.Random, seed: int, kinds: Sequence[str]) -
     return _turn("user", task.problem.question) + _turn("assistant", f"<reason>{rng.choice(INTROS)}</reason>\n{call}")
 
 
+def _output_and_answer(rng: random.Random) -> str:
+    value = str(rng.randrange(10 ** rng.randint(1, 6)))
+    response = format_tool_response(_PrintedValue(value + "\n"), show_duration=False)
+    return _turn("user", f"<tool_response>\n{response}\n</tool_response>") + _turn("assistant", final_turn_text(value))
+
+
 def copy_drill_text(index: int, seed: int = 0, snippets: int = 4, kinds: Sequence[str] = KINDS) -> str:
-    """Drill `index` of `seed` as text: `snippets` questions, each in a user turn followed by the assistant turn
-    that calls the tool with its program, laid out as in a transcript."""
+    """Drill `index` of `seed` as text: `snippets` pieces in the transcripts' chat layout, each a question with the
+    tool call that runs its program or a tool response with the final turn that boxes its output (half of each, in a
+    seeded order)."""
     if snippets < 1:
         raise ValueError(f"a copy drill needs at least one snippet, got {snippets}")
     rng = random.Random(f"copy-drill:{seed}:{index}")
-    return "".join(_question_and_program(rng, seed, kinds) for _ in range(snippets))
+    return "".join(_question_and_program(rng, seed, kinds) if rng.random() < 0.5 else _output_and_answer(rng)
+                   for _ in range(snippets))
 
 
 def copy_drill_ids(index: int, tokenizer: PreTrainedTokenizerBase, seed: int = 0, snippets: int = 4,
