@@ -17,7 +17,6 @@ answers, so no drill states an answer. Drill `index` of `seed` is always the sam
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass
 from typing import Sequence
 
 from transformers import PreTrainedTokenizerBase
@@ -27,23 +26,9 @@ from rstar_jax.agent.tool_response import format_tool_response
 from rstar_jax.data.synthetic import KINDS, synthetic_task
 from rstar_jax.data.synthetic_sft import INTROS, final_turn_text
 from rstar_jax.tokenizers.special_tokens import IM_END, IM_START
+from sandbox_server.api import ToolResult
 
 MAX_DIFFICULTY = 3
-
-
-@dataclass(frozen=True)
-class _PrintedValue:
-    """A successful run that printed `stdout` (a `ToolOutcome`, for `format_tool_response`)."""
-
-    stdout: str
-    status: str = "ok"
-    stderr: str = ""
-    exit_code: int = 0
-    duration_ms: float = 0.0
-
-    @property
-    def ok(self) -> bool:
-        return True
 
 
 def _turn(role: str, text: str) -> str:
@@ -58,7 +43,7 @@ def _question_and_program(rng: random.Random, seed: int, kinds: Sequence[str]) -
 
 def _output_and_answer(rng: random.Random) -> str:
     value = str(rng.randrange(10 ** rng.randint(1, 6)))
-    response = format_tool_response(_PrintedValue(value + "\n"), show_duration=False)
+    response = format_tool_response(ToolResult("ok", value + "\n", "", 0, 0.0), show_duration=False)
     return _turn("user", f"<tool_response>\n{response}\n</tool_response>") + _turn("assistant", final_turn_text(value))
 
 

@@ -1,0 +1,57 @@
+"""Copy drills (rstar_jax.data.copy_drills): seeded, in the transcripts' chat layout, and consistent piece by piece."""
+
+import re
+
+import pytest
+
+from rstar_jax.agent.tool_call import ToolCall, parse_tool_calls
+from rstar_jax.data.copy_drills import copy_drill_ids, copy_drill_text
+from rstar_jax.data.synthetic_sft import INTROS
+from rstar_jax.tokenizers import load_tokenizer
+from rstar_jax.tokenizers.special_tokens import IM_END, IM_START
+
+TURN = re.compile(re.escape(IM_START) + r"(user|assistant)\n(.*?)" + re.escape(IM_END) + "\n", re.DOTALL)
+
+
+def turns(text: str) -> list[tuple[str, str]]:
+    """The (role, content) turns of a drill; asserts that nothing lies outside them."""
+    found = TURN.findall(text)
+    assert "".join(f"{IM_START}{role}\n{content}{IM_END}\n" for role, content in found) == text
+    return found
+
+
+def test_a_drill_is_a_pure_function_of_index_and_seed():
+    assert copy_drill_text(5, seed=1, snippets=3) == copy_drill_text(5, seed=1, snippets=3)
+    assert copy_drill_text(5, seed=1, snippets=3) != copy_drill_text(6, seed=1, snippets=3)
+    assert copy_drill_text(5, seed=1, snippets=3) != copy_drill_text(5, seed=2, snippets=3)
+
+
+def test_every_piece_pairs_a_user_turn_with_the_assistant_turn_that_copies_from_it():
+    pieces = {"program": 0, "answer": 0}
+    for index in range(40):
+        found = turns(copy_drill_text(index, seed=0, snippets=3))
+        assert len(found) == 6 and [role for role, _ in found] == ["user", "assistant"] * 3
+        for (_, user), (_, assistant) in zip(found[::2], found[1::2]):
+            if user.startswith("<tool_response>"):
+                printed = re.search(r"\n(\d+)\n", user).group(1)
+                assert assistant == (f"<reason>The program printed {printed}.</reason>\n"
+                                     f"<answer>\\boxed{{{printed}}}</answer>")
+                pieces["answer"] += 1
+            else:
+                reason, _, call_text = assistant.partition("</reason>\n")
+                assert reason.removeprefix("<reason>") in INTROS
+                (call,) = parse_tool_calls(call_text)
+                assert isinstance(call, ToolCall)
+                # The program computes from the question's own numbers: the copy the drill teaches.
+                question_numbers = set(re.findall(r"\d+", user))
+                assert set(re.findall(r"\d+", call.code)) & question_numbers
+                pieces["program"] += 1
+    assert min(pieces.values()) > 40  # both kinds of piece, about half each of 120
+
+
+def test_drill_ids_are_the_texts_tokens_and_snippets_are_checked():
+    tokenizer = load_tokenizer("tiny")
+    ids = copy_drill_ids(3, tokenizer, seed=0, snippets=2)
+    assert tokenizer.decode(ids) == copy_drill_text(3, seed=0, snippets=2)
+    with pytest.raises(ValueError, match="at least one snippet"):
+        copy_drill_text(0, snippets=0)
