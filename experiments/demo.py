@@ -10,7 +10,9 @@
    rewards, Resample-on-Correct, the clipped policy update, weights pushed to the engine after every step.
 4. The same held-out evaluation after RL, and the comparison: accuracy at T=1 and greedy, and the tool-error ratio
    among correct trajectories (SPEC 4's Figure 4 measure).
-Writes OUT/demo_summary.json, OUT/demo.log, OUT/operative_config.gin, OUT/sft/ and OUT/rl/ (metrics.jsonl,
+Writes OUT/demo_summary.json (with avg@k per problem kind), OUT/heldout_{after_sft,after_rl}_{sampled,greedy}.jsonl
+(one record per held-out problem: its samples' verdicts, answers, lengths, tool calls and errors), OUT/demo.log,
+OUT/operative_config.gin, OUT/sft/ and OUT/rl/ (metrics.jsonl,
 tensorboard/, plots/, checkpoints/, model/). An interrupted demo run again with the same OUT resumes.
 
 """
@@ -27,7 +29,8 @@ from experiments.make_tiny_model import TINY_MODEL_GIN
 from experiments.sft import DEFAULT_GIN as SFT_GIN
 from rstar_jax.console import log_to, phase, say
 from rstar_jax.eval.heldout import HeldOutEval
-from rstar_jax.eval.report import comparison_table, example_text
+from rstar_jax.eval.benchmark_report import problem_records
+from rstar_jax.eval.report import accuracy_by_kind, comparison_table, example_text, kind_table
 from rstar_jax.gin_setup import knob_help, parse_gin, write_operative_config
 from rstar_jax.model import load_hf
 from rstar_jax.model.folder import save_model_folder
@@ -85,14 +88,22 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
             plot_metrics(read_metrics(out / "rl" / "metrics.jsonl"), out / "rl" / "plots", "GRPO-RoC")
         with phase(f"[4/4] held-out evaluation after RL ({problems})") as after_time:
             after = evaluation.run(model.config, params, load_tokenizer(model_dir), sandbox.url)
-        summary = {"after_sft": {name: result.summary for name, result in before.items()},
-                   "after_rl": {name: result.summary for name, result in after.items()},
+        results = {"after_sft": before, "after_rl": after}
+        summary = {**{when: {name: result.summary for name, result in by_mode.items()}
+                      for when, by_mode in results.items()},
+                   "accuracy_by_kind": {when: {name: accuracy_by_kind(result) for name, result in by_mode.items()}
+                                        for when, by_mode in results.items()},
                    "seed": args.seed, "total_seconds": time.monotonic() - started,
                    "phase_seconds": {"sft": sft_time["seconds"], "eval_before": before_time["seconds"],
                                      "rl": rl_time["seconds"], "eval_after": after_time["seconds"]}}
         write_operative_config(out)
         (out / "demo_summary.json").write_text(json.dumps(summary, indent=1) + "\n")
+        for when, by_mode in results.items():
+            for name, result in by_mode.items():
+                records = problem_records(result, load_tokenizer(model_dir))
+                (out / f"heldout_{when}_{name}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
         say(comparison_table(before, after))
+        say(kind_table(before, after))
         say(example_text(after["sampled"], load_tokenizer(model_dir)))
         say(f"demo finished in {summary['total_seconds']:.0f} s; figures in {out / 'demo_summary.json'}, "
             f"RL plots in {out / 'rl' / 'plots'}")

@@ -6,6 +6,7 @@ trajectories), so the demo, evaluation and ablation scripts print the same table
 
 from __future__ import annotations
 
+from collections import defaultdict
 from typing import Any, Mapping
 
 from rstar_jax.agent.trajectory import sampled_turn_texts
@@ -40,6 +41,33 @@ def comparison_table(before: Mapping[str, EvalResult], after: Mapping[str, EvalR
         summary = sampled.summary
         lines.append(f"({summary['problems']} held-out problems x {summary['samples']} samples; finish reasons "
                      f"after RL: {_reasons(summary['finish_reasons'])})")
+    return "\n".join(lines)
+
+
+def problem_kind(problem_id: str) -> str:
+    """The family a problem belongs to: a synthetic task's kind ("synthetic/multiply/d1/s7/0" -> "multiply"),
+    otherwise the first part of its id (a benchmark set's name)."""
+    parts = problem_id.split("/")
+    return parts[1] if parts[0] == "synthetic" and len(parts) > 1 else parts[0]
+
+
+def accuracy_by_kind(result: EvalResult) -> dict[str, float]:
+    """avg@k (SPEC 7) within each `problem_kind`, in first-seen order: where the held-out accuracy comes from."""
+    solved: dict[str, list[float]] = defaultdict(list)
+    for record in result.problems:
+        solved[problem_kind(record["id"])].append(record["correct"] / record["samples"])
+    return {kind: sum(shares) / len(shares) for kind, shares in solved.items()}
+
+
+def kind_table(before: Mapping[str, EvalResult], after: Mapping[str, EvalResult],
+               labels: tuple[str, str] = ("after SFT", "after RL")) -> str:
+    """Accuracy per problem kind before and after, for each mode both sides evaluated (sampled, greedy)."""
+    lines = [f"{'accuracy by kind':28}  {labels[0]:>10}  {labels[1]:>10}"]
+    for mode in (mode for mode in before if mode in after):
+        sides = [accuracy_by_kind(results[mode]) for results in (before, after)]
+        for kind in sides[0]:
+            label = f"{kind}, {'T=1' if mode == 'sampled' else mode}"
+            lines.append(f"{label:28}  {100 * sides[0][kind]:9.1f}%  {100 * sides[1].get(kind, float('nan')):9.1f}%")
     return "\n".join(lines)
 
 

@@ -35,6 +35,7 @@ def test_the_demo_runs_every_phase_and_reports_the_comparison(tmp_path: Path) ->
     for label in ("[1/4] format SFT", "[2/4] held-out evaluation", "[3/4] GRPO-RoC", "[4/4] held-out evaluation"):
         assert any(line.startswith(label) and ": done in" in line for line in lines), label
     assert "accuracy at T=1" in result.stdout and "reference answer:" in result.stdout
+    assert "accuracy by kind" in result.stdout
     summary = json.loads((out / "demo_summary.json").read_text())
     assert summary["seed"] == 3 and set(summary["phase_seconds"]) == {"sft", "eval_before", "rl", "eval_after"}
     assert "train_sft.model_seed = 3" in (out / "operative_config.gin").read_text()
@@ -43,5 +44,10 @@ def test_the_demo_runs_every_phase_and_reports_the_comparison(tmp_path: Path) ->
         assert sampled["problems"] == 4 and sampled["samples"] == 2
         assert sum(sampled["finish_reasons"].values()) == 8
         assert summary[when]["greedy"]["samples"] == 1
+        by_kind = summary["accuracy_by_kind"][when]["sampled"]
+        assert set(by_kind) <= {"multiply", "modpow", "digit_sum", "digit_count"} and len(by_kind) >= 2
+        records = [json.loads(line) for line in (out / f"heldout_{when}_sampled.jsonl").read_text().splitlines()]
+        assert len(records) == 4 and all(len(record["correct"]) == 2 for record in records)
+        assert sum(record["solved"] for record in records) / 8 == pytest.approx(sampled["accuracy"])
     assert (out / "rl" / "metrics.jsonl").is_file() and (out / "rl" / "model" / "config.json").is_file()
     assert (out / "operative_config.gin").is_file() and (out / "demo.log").read_text().count("[3/4]") == 2
