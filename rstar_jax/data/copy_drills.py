@@ -16,8 +16,9 @@ answers, so no drill states an answer. Drill `index` of `seed` is always the sam
 
 from __future__ import annotations
 
+import itertools
 import random
-from typing import Sequence
+from typing import Iterator, Sequence
 
 from transformers import PreTrainedTokenizerBase
 
@@ -47,18 +48,38 @@ def _output_and_answer(rng: random.Random) -> str:
     return _turn("user", f"<tool_response>\n{response}\n</tool_response>") + _turn("assistant", final_turn_text(value))
 
 
+def _pieces(index: int, seed: int, kinds: Sequence[str]) -> Iterator[str]:
+    """Drill `index` of `seed`'s pieces, endlessly: questions with their tool calls or tool responses with the final
+    turns that box them, half of each in a seeded order."""
+    rng = random.Random(f"copy-drill:{seed}:{index}")
+    while True:
+        yield _question_and_program(rng, seed, kinds) if rng.random() < 0.5 else _output_and_answer(rng)
+
+
 def copy_drill_text(index: int, seed: int = 0, snippets: int = 4, kinds: Sequence[str] = KINDS) -> str:
     """Drill `index` of `seed` as text: `snippets` pieces in the transcripts' chat layout, each a question with the
     tool call that runs its program or a tool response with the final turn that boxes its output (half of each, in a
     seeded order)."""
     if snippets < 1:
         raise ValueError(f"a copy drill needs at least one snippet, got {snippets}")
-    rng = random.Random(f"copy-drill:{seed}:{index}")
-    return "".join(_question_and_program(rng, seed, kinds) if rng.random() < 0.5 else _output_and_answer(rng)
-                   for _ in range(snippets))
+    return "".join(itertools.islice(_pieces(index, seed, kinds), snippets))
 
 
 def copy_drill_ids(index: int, tokenizer: PreTrainedTokenizerBase, seed: int = 0, snippets: int = 4,
                    kinds: Sequence[str] = KINDS) -> tuple[int, ...]:
     """The token ids of drill `index` (every one is trained on: loss mask all ones)."""
     return tuple(tokenizer.encode(copy_drill_text(index, seed, snippets, kinds), add_special_tokens=False))
+
+
+def filled_drill_ids(index: int, tokenizer: PreTrainedTokenizerBase, length: int, seed: int = 0,
+                     kinds: Sequence[str] = KINDS) -> tuple[int, ...]:
+    """Drill `index`'s pieces, as many as it takes, cut to exactly `length` + 1 tokens: a training row of `length`
+    next-token predictions with no padding (a row of whole pieces pads to its batch's longest, ~40% of the demo's
+    drill rows). The first pieces are those of `copy_drill_text(index, seed)`; only the last is cut."""
+    if length < 1:
+        raise ValueError(f"a filled drill needs a positive length, got {length}")
+    ids: list[int] = []
+    pieces = _pieces(index, seed, kinds)
+    while len(ids) <= length:
+        ids += tokenizer.encode(next(pieces), add_special_tokens=False)  # each piece starts with a special token
+    return tuple(ids[:length + 1])

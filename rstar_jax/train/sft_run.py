@@ -24,7 +24,7 @@ import jax
 import orbax.checkpoint as ocp
 
 from rstar_jax.console import Progress, say
-from rstar_jax.data.copy_drills import copy_drill_ids
+from rstar_jax.data.copy_drills import copy_drill_ids, filled_drill_ids
 from rstar_jax.model.folder import save_model_folder, seeded_model
 from rstar_jax.parallel import make_mesh
 from rstar_jax.tokenizers import load_tokenizer
@@ -45,9 +45,13 @@ def transcript_batches(sequences: Sequence[TrainingSequence], batch_size: int, s
     return iter(dataset.to_iter_dataset().batch(batch_size, batch_fn=list))
 
 
-def drill_batch(step: int, batch_size: int, tokenizer: object, seed: int, snippets: int) -> list[TrainingSequence]:
-    """The copy drills of drill step `step`: drills step * batch_size ... + batch_size - 1 of `seed`."""
-    drills = [copy_drill_ids(step * batch_size + row, tokenizer, seed, snippets) for row in range(batch_size)]
+def drill_batch(step: int, batch_size: int, tokenizer: object, seed: int, snippets: int,
+                length: int | None = None) -> list[TrainingSequence]:
+    """The copy drills of drill step `step`: drills step * batch_size ... + batch_size - 1 of `seed`, each of
+    `snippets` whole pieces, or (with `length`) filled with pieces to exactly `length` predictions."""
+    indices = range(step * batch_size, (step + 1) * batch_size)
+    drills = [copy_drill_ids(index, tokenizer, seed, snippets) if length is None
+              else filled_drill_ids(index, tokenizer, length, seed) for index in indices]
     return [TrainingSequence(ids, (1,) * len(ids)) for ids in drills]
 
 
@@ -80,7 +84,7 @@ def _restore(manager: ocp.CheckpointManager, like: TrainState, shardings: TrainS
 @gin.configurable
 def train_sft(out: str | Path, steps: int = 100, batch_size: int = 16, num_transcripts: int = 256,
               drill_steps: int = 0, drill_batch_size: int = 16, short_steps: int = 0, short_batch_size: int = 8,
-              drill_snippets: int = 3,
+              drill_snippets: int = 3, drill_length: int | None = None,
               data_seed: int = 0, model_seed: int = 0, tokenizer: str = "tiny", save_every: int = 25,
               stop_at_step: int | None = None) -> Path | None:
     """Run (or resume) the format SFT into `out`; returns the trained HF folder, or None when stopped early.
@@ -88,14 +92,16 @@ def train_sft(out: str | Path, steps: int = 100, batch_size: int = 16, num_trans
     `drill_steps` steps of `drill_batch_size` copy drills come first, then `short_steps` steps of
     `short_batch_size` transcripts without their system turn, then `steps` steps of `batch_size` whole transcripts (of `num_transcripts`, generated once
     against a sandbox server and cached in OUT/transcripts.jsonl).
+    A drill row holds `drill_snippets` whole pieces, or with `drill_length` as many pieces as fill exactly that many
+    tokens (no padding).
     `stop_at_step` ends the run after that step without saving anything more, exactly as if it were killed there.
     Writes OUT/model/, OUT/metrics.jsonl, OUT/tensorboard/, OUT/summary.json and OUT/checkpoints/.
     """
-    if min(steps, batch_size, num_transcripts, drill_batch_size, short_batch_size, save_every) < 1 or min(
-            drill_steps, short_steps) < 0:
-        raise ValueError(f"train_sft needs steps, batch sizes, num_transcripts and save_every >= 1 and drill_steps "
-                         f">= 0, got {steps}, {batch_size}/{drill_batch_size}, {num_transcripts}, {save_every}, "
-                         f"{drill_steps}")
+    if min(steps, batch_size, num_transcripts, drill_batch_size, short_batch_size, save_every,
+           drill_length or 1) < 1 or min(drill_steps, short_steps) < 0:
+        raise ValueError(f"train_sft needs steps, batch sizes, num_transcripts, save_every and drill_length (when "
+                         f"set) >= 1 and drill_steps >= 0, got {steps}, {batch_size}/{drill_batch_size}, "
+                         f"{num_transcripts}, {save_every}, {drill_length}, {drill_steps}")
     out = Path(out)
     started = time.monotonic()
     model = seeded_model(out / MODEL_DIR, model_seed, tokenizer)
@@ -123,7 +129,7 @@ def train_sft(out: str | Path, steps: int = 100, batch_size: int = 16, num_trans
         for step in range(start, total):
             phase = "drills" if step < drill_steps else "short" if step < drill_steps + short_steps else "transcripts"
             if phase == "drills":
-                rows = drill_batch(step, drill_batch_size, token_source, data_seed, drill_snippets)
+                rows = drill_batch(step, drill_batch_size, token_source, data_seed, drill_snippets, drill_length)
             else:
                 rows = next(iterators["short_transcripts" if phase == "short" else "transcripts"])
             batch = make_batch(rows, pad_id)

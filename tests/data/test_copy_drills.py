@@ -5,7 +5,7 @@ import re
 import pytest
 
 from rstar_jax.agent.tool_call import ToolCall, parse_tool_calls
-from rstar_jax.data.copy_drills import copy_drill_ids, copy_drill_text
+from rstar_jax.data.copy_drills import copy_drill_ids, copy_drill_text, filled_drill_ids
 from rstar_jax.data.synthetic_sft import INTROS
 from rstar_jax.tokenizers import load_tokenizer
 from rstar_jax.tokenizers.special_tokens import IM_END, IM_START
@@ -55,3 +55,14 @@ def test_drill_ids_are_the_texts_tokens_and_snippets_are_checked():
     assert tokenizer.decode(ids) == copy_drill_text(3, seed=0, snippets=2)
     with pytest.raises(ValueError, match="at least one snippet"):
         copy_drill_text(0, snippets=0)
+
+
+def test_a_filled_drill_is_its_pieces_cut_to_exactly_length_plus_one_tokens():
+    tokenizer = load_tokenizer("tiny")
+    for index in range(6):
+        ids = filled_drill_ids(index, tokenizer, 300, seed=1)
+        assert len(ids) == 301  # 300 next-token predictions: a row with no padding
+        # The same pieces as the snippet drill, in the same order; only the last one is cut.
+        assert ids == copy_drill_ids(index, tokenizer, seed=1, snippets=12)[:301]
+    with pytest.raises(ValueError, match="positive length"):
+        filled_drill_ids(0, tokenizer, 0)
