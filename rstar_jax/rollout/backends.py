@@ -2,9 +2,10 @@
 
 `backend="jax"`: in-process `JaxEngine`s (the CPU default) built from the learner's parameters. `backend="vllm"`:
 a fleet of vLLM servers, launched on an HF folder of the learner's current weights (or attached by URL and given
-those weights at once). Either way the run talks to ONE `FailoverEngine` over the engines: rollouts route through
-it and weights are pushed through its `update_weights`, which survives a dead engine (it is marked down and the
-others go on).
+those weights at once). Either way the run talks to ONE router over the engines, `router="failover"` (the live
+engine with the fewest requests in flight) or `"balancer"` (SPEC 6's KV-cache-aware `Balancer`, gin
+`gin/rollout/balancer.gin`): rollouts route through it and weights are pushed through its `update_weights`, which
+survives a dead engine (it is marked down and the others go on).
 """
 
 from __future__ import annotations
@@ -19,11 +20,13 @@ import gin
 from rstar_jax.model import ModelConfig
 from rstar_jax.model.folder import save_model_folder
 from rstar_jax.model.lm import Params
+from rstar_jax.rollout.balancer import Balancer
 from rstar_jax.rollout.jax_engine import JaxEngine
 from rstar_jax.rollout.router import FailoverEngine
 from rstar_jax.rollout.vllm_fleet import VLLMFleet
 
 BACKENDS = ("jax", "vllm")
+ROUTERS: dict[str, type[FailoverEngine]] = {"failover": FailoverEngine, "balancer": Balancer}
 
 
 class RolloutEngines:
@@ -65,10 +68,12 @@ class RolloutBackend:
     backend "jax": `jax_engines` in-process engines of `slots` x `max_len` tokens each. backend "vllm":
     `vllm_servers` servers launched on WORK_DIR/serving_model (flags from gin `server_command` / `server_env`; on a CPU
     box each pinned to its `vllm_per_server_cpus` entry), or the servers at `vllm_urls`, which are sent the weights
-    first.
+    first. `router`: "failover" or "balancer" (see the module docstring; with JAX engines, which keep no prefix
+    cache, bind `Balancer.part_tokens = None`).
     """
 
     backend: str = "jax"
+    router: str = "failover"
     jax_engines: int = 1
     slots: int = 16
     max_len: int = 1024
@@ -79,6 +84,8 @@ class RolloutBackend:
     def __post_init__(self) -> None:
         if self.backend not in BACKENDS:
             raise ValueError(f"unknown rollout backend {self.backend!r}; choose from {BACKENDS}")
+        if self.router not in ROUTERS:
+            raise ValueError(f"unknown rollout router {self.router!r}; choose from {tuple(ROUTERS)}")
         if min(self.jax_engines, self.slots, self.vllm_servers) < 1 or self.max_len < 2:
             raise ValueError(f"RolloutBackend needs jax_engines, slots, vllm_servers >= 1 and max_len >= 2, got "
                              f"{self.jax_engines}, {self.slots}, {self.vllm_servers}, {self.max_len}")
@@ -96,13 +103,14 @@ class RolloutBackend:
         if self.backend == "jax":
             engines = [JaxEngine(config, params, slots=self.slots, max_len=self.max_len, seed=index)
                        for index in range(self.jax_engines)]
-            return RolloutEngines(FailoverEngine(engines), jax_engines=engines)
+            return RolloutEngines(ROUTERS[self.router](engines), jax_engines=engines)
         if self.vllm_urls:
-            fleet = VLLMFleet.attach(self.vllm_urls, config)
+            fleet = VLLMFleet.attach(self.vllm_urls, config, router=ROUTERS[self.router])
             asyncio.run(_push_then_close(fleet, params))
         else:
             folder = save_model_folder(config, params, Path(work_dir) / "serving_model", tokenizer)
-            fleet = VLLMFleet.launch(folder, self.vllm_servers, config, per_server_cpus=self.vllm_per_server_cpus)
+            fleet = VLLMFleet.launch(folder, self.vllm_servers, config, router=ROUTERS[self.router],
+                                     per_server_cpus=self.vllm_per_server_cpus)
         return RolloutEngines(fleet.router, fleet=fleet)
 
 

@@ -1,7 +1,7 @@
 """The rollout fleet: N vLLM servers, launched here from an HF folder or attached by URL (issue 5 item 2).
 
 A fleet holds one `VLLMServerEngine` per server and `router`, the `FailoverEngine` over them that rollouts go
-through. Weights take the one push path of every engine set: `router.update_weights`, which skips servers marked
+through (or its KV-aware subclass `Balancer`, SPEC 6). Weights take the one push path of every engine set: `router.update_weights`, which skips servers marked
 down and marks down those that fail, while the engines share one `SharedSyncCheckpoints` so each version is written
 once for all servers. Launched servers are stopped by `close()` / the context manager; attached ones keep running.
 """
@@ -11,29 +11,33 @@ from __future__ import annotations
 import asyncio
 import os
 import time
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import gin
 
 from rstar_jax.model.config import ModelConfig
 from rstar_jax.model.lm import Params
+from rstar_jax.rollout.engine import GenerationEngine
 from rstar_jax.rollout.router import FailoverEngine
 from rstar_jax.rollout.vllm_engine import VLLMServerEngine
 from rstar_jax.rollout.vllm_server import VLLMServer, launch_servers
 from rstar_jax.rollout.vllm_weight_sync import SharedSyncCheckpoints, SyncTiming
 
 
+RouterFactory = Callable[[Sequence[GenerationEngine]], FailoverEngine]
+
+
 class VLLMFleet:
     """Engines over vLLM servers, the router over them, and the servers this process started (stopped on close)."""
 
     def __init__(self, engines: Sequence[VLLMServerEngine], model_config: ModelConfig | None = None,
-                 servers: Sequence[VLLMServer] = ()) -> None:
+                 servers: Sequence[VLLMServer] = (), router: RouterFactory = FailoverEngine) -> None:
         if not engines:
             raise ValueError("a fleet needs at least one engine")
         self.engines = list(engines)
         self.model_config = model_config
         self.servers = list(servers)
-        self.router = FailoverEngine(self.engines)
+        self.router = router(self.engines)
 
     @staticmethod
     def _engines(urls: Sequence[str], model_config: ModelConfig | None) -> list[VLLMServerEngine]:
@@ -41,18 +45,20 @@ class VLLMFleet:
         return [VLLMServerEngine(url, model_config, checkpoints=checkpoints) for url in urls]
 
     @classmethod
-    def attach(cls, urls: Sequence[str], model_config: ModelConfig | None = None) -> VLLMFleet:
+    def attach(cls, urls: Sequence[str], model_config: ModelConfig | None = None,
+               router: RouterFactory = FailoverEngine) -> VLLMFleet:
         """A fleet over servers already running at `urls` (they must run with this repo's worker extension and
-        VLLM_SERVER_DEV_MODE=1 for weight sync)."""
-        return cls(cls._engines(urls, model_config), model_config)
+        VLLM_SERVER_DEV_MODE=1 for weight sync), routed by `router` (a `FailoverEngine` class, e.g. `Balancer`)."""
+        return cls(cls._engines(urls, model_config), model_config, router=router)
 
     @classmethod
     def launch(cls, model_dir: str | os.PathLike, num_servers: int, model_config: ModelConfig | None = None,
-               **start_options: Any) -> VLLMFleet:
+               router: RouterFactory = FailoverEngine, **start_options: Any) -> VLLMFleet:
         """Start `num_servers` servers on `model_dir` and wait until all are healthy (flags from gin:
-        `server_command`, `server_env`; `start_options` such as extra_args go to `start_server`)."""
+        `server_command`, `server_env`; `start_options` such as extra_args go to `start_server`), routed by
+        `router`."""
         servers = launch_servers(model_dir, num_servers, **start_options)
-        return cls(cls._engines([server.url for server in servers], model_config), model_config, servers)
+        return cls(cls._engines([server.url for server in servers], model_config), model_config, servers, router)
 
     async def update_weights(self, params: Params, version: int) -> SyncTiming:
         """Push `params` to every live server through `router` (one checkpoint written, reloaded by all servers

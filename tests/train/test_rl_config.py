@@ -14,6 +14,8 @@ from rstar_jax.data.problem_source import ProblemSource
 from rstar_jax.gin_setup import GinConfigError, parse_gin
 from rstar_jax.model import ModelConfig, init_params
 from rstar_jax.rollout.backends import RolloutBackend
+from rstar_jax.rollout.balancer import Balancer
+from rstar_jax.rollout.router import FailoverEngine
 from rstar_jax.train.rl_trainer import RLSettings, RLTrainer
 from rstar_jax.train.stages import Stage, stage_at
 
@@ -83,3 +85,13 @@ def test_an_unknown_gin_binding_stops_the_command_before_any_work(tmp_path: Path
                             cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)
     assert result.returncode != 0 and "prompts_per_stp" in result.stderr
     assert not (tmp_path / "run").exists()
+
+
+def test_the_rollout_router_is_one_gin_switch(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match=r"unknown rollout router 'fastest'; choose from \('failover', 'balancer'\)"):
+        RolloutBackend(router="fastest")
+    params = init_params(CONFIG, jax.random.key(0))
+    for router, kind in (("failover", FailoverEngine), ("balancer", Balancer)):
+        with RolloutBackend(router=router, jax_engines=2, slots=2, max_len=256).start(
+                CONFIG, params, tmp_path, "tiny") as engines:
+            assert type(engines.engine) is kind and len(engines.engine.engines) == 2
