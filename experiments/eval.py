@@ -11,7 +11,8 @@ T = 0.6 with 30 turns and 30K tokens, is `--gin_file eval/paper.gin`), the engin
 or a vLLM fleet). Starts a sandbox server unless given --sandbox_url. Writes OUT/problems/<set>.jsonl (one record per
 problem: id, answer, per-sample correctness, answers, response lengths, tool calls), OUT/summary.md and
 OUT/summary.json (each set's problem count, k, avg@k and pass@k, beside the paper's reported rows), OUT/eval.log and
-OUT/operative_config.gin.
+OUT/operative_config.gin. A rerun into the same OUT skips the sets it already finished (OUT/problems/<set>.row.json)
+under the same model, protocol and --limit, and refuses if they differ.
 
 """
 
@@ -31,6 +32,7 @@ from rstar_jax.eval.agentic import EvalResult
 from rstar_jax.eval.benchmark_report import problem_records, set_row, summary_markdown
 from rstar_jax.eval.benchmark_run import BenchmarkEval
 from rstar_jax.eval.benchmarks import BENCHMARKS, load_benchmark, parse_benchmark_names
+from rstar_jax.eval.finished_sets import finished_rows, mark_finished
 from rstar_jax.eval.model_source import load_model, resolve_model_source
 from rstar_jax.eval.references import SOURCE
 from rstar_jax.gin_setup import GinConfigError, knob_help, parse_gin, write_operative_config
@@ -77,40 +79,48 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         sets = {name: load_benchmark(name, args.limit) for name in names}
         tokenizer = load_tokenizer(source.base)
         protocol.check_fits(tokenizer, sets, backend.token_limit)
+        out = Path(args.out)
+        identity = {"model": source.describe(), "settings": protocol.settings(), "limit": args.limit}
+        finished = finished_rows(out / "problems", names, identity)
     except (ValueError, FileNotFoundError, GinConfigError) as error:
         parser.error(str(error))
-    out = Path(args.out)
     command = "python -m experiments.eval " + shlex.join(sys.argv[1:] if argv is None else list(argv))
     started = time.monotonic()
-    rows: list[dict[str, Any]] = []
+    rows: dict[str, dict[str, Any]] = dict(finished)
 
     def set_done(name: str, result: EvalResult, seconds: float) -> None:
         path = out / "problems" / f"{name}.jsonl"
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text("".join(json.dumps(r) + "\n" for r in problem_records(result, tokenizer)))
-        rows.append(set_row(name, result, seconds))
-        say(f"{BENCHMARKS[name].title}: avg@{rows[-1]['k']} {100 * rows[-1]['avg_at_k']:.1f}%, "
-            f"pass@{rows[-1]['k']} {100 * rows[-1]['pass_at_k']:.1f}% over {rows[-1]['problems']} problems "
-            f"({seconds:.0f} s); records in {path}")
+        rows[name] = row = set_row(name, result, seconds)
+        mark_finished(out / "problems", name, identity, row)
+        say(f"{BENCHMARKS[name].title}: avg@{row['k']} {100 * row['avg_at_k']:.1f}%, pass@{row['k']} "
+            f"{100 * row['pass_at_k']:.1f}% over {row['problems']} problems ({seconds:.0f} s); records in {path}")
 
     with log_to(out / "eval.log"):
-        say(f"evaluating {source.describe()} on {', '.join(f'{n} ({len(p)})' for n, p in sets.items())}: "
-            f"k = {protocol.samples} at T = {protocol.temperature:g}, {protocol.max_turns} turns, "
-            f"{protocol.max_response_tokens} tokens, {backend.backend} engines")
-        config, params = load_model(source)
-        if args.sandbox_url:
-            protocol.run(config, params, str(source.base), tokenizer, sets, args.sandbox_url, out, backend, set_done)
-        else:
-            with running_server(["--workers", "2"]) as sandbox:
-                protocol.run(config, params, str(source.base), tokenizer, sets, [sandbox.url], out, backend,
+        todo = {name: problems for name, problems in sets.items() if name not in finished}
+        if finished:
+            say(f"already evaluated in {out}: {', '.join(finished)}")
+        to_evaluate = ", ".join(f"{name} ({len(problems)})" for name, problems in todo.items()) or "nothing more"
+        say(f"evaluating {source.describe()} on {to_evaluate}: k = {protocol.samples} at T = "
+            f"{protocol.temperature:g}, {protocol.max_turns} turns, {protocol.max_response_tokens} tokens, "
+            f"{backend.backend} engines")
+        if todo:
+            config, params = load_model(source)
+            if args.sandbox_url:
+                protocol.run(config, params, str(source.base), tokenizer, todo, args.sandbox_url, out, backend,
                              set_done)
+            else:
+                with running_server(["--workers", "2"]) as sandbox:
+                    protocol.run(config, params, str(source.base), tokenizer, todo, [sandbox.url], out, backend,
+                                 set_done)
         engines = (f"{backend.jax_engines} in-process JAX engine(s) of {backend.slots} x {backend.max_len} tokens"
                    if backend.backend == "jax" else f"vLLM ({', '.join(backend.vllm_urls) or backend.vllm_servers})")
         summary = {"model": source.describe(), "command": command, "settings": protocol.settings(),
                    "backend": engines, "limit": args.limit, "seconds": time.monotonic() - started,
-                   "references_source": SOURCE, "benchmarks": rows}
+                   "references_source": SOURCE, "benchmarks": [rows[name] for name in names]}
         (out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
-        (out / "summary.md").write_text(summary_markdown(rows, summary))
+        (out / "summary.md").write_text(summary_markdown(summary["benchmarks"], summary))
         write_operative_config(out)
         say(f"wrote {out / 'summary.md'} and {out / 'summary.json'} ({summary['seconds']:.0f} s)")
     return summary

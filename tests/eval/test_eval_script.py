@@ -89,3 +89,23 @@ def test_two_problems_of_every_set(model_dir: Path, tmp_path: Path) -> None:
         assert f"| {row['title']} | 2 | 2 |" in markdown
     assert "| rStar2-Agent-14B (paper) | 97.8 | 80.6 | 69.8 | 52.7 | — | — |" in markdown
     assert (out / "operative_config.gin").read_text().count("BenchmarkEval.max_response_tokens = 24") == 1
+
+
+@pytest.mark.slow  # ~40 s: two runs of one set each
+def test_a_rerun_skips_finished_sets_and_refuses_other_settings(model_dir: Path, tmp_path: Path, capsys) -> None:
+    out = tmp_path / "out"
+    argv = ["--model", str(model_dir), "--out", str(out), "--limit", "1"]
+    for binding in FAST:
+        argv += ["--gin_param", binding]
+    first = eval_script.main([*argv, "--benchmarks", "gsm8k"])
+    records = (out / "problems" / "gsm8k.jsonl").stat().st_mtime_ns
+    # Extended by one set: the finished one is reused (its records untouched), only the new one runs.
+    extended = eval_script.main([*argv, "--benchmarks", "amc23,gsm8k"])
+    assert (out / "problems" / "gsm8k.jsonl").stat().st_mtime_ns == records
+    assert [row["benchmark"] for row in extended["benchmarks"]] == ["amc23", "gsm8k"]
+    assert extended["benchmarks"][1] == first["benchmarks"][0]
+    assert f"already evaluated in {out}: gsm8k" in (out / "eval.log").read_text()
+    with pytest.raises(SystemExit) as stopped:
+        eval_script.main([*argv, "--benchmarks", "gsm8k", "--gin_param", "BenchmarkEval.samples = 3"])
+    assert stopped.value.code == 2
+    assert "gsm8k.row.json was evaluated with another settings" in capsys.readouterr().err
