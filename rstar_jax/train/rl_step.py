@@ -1,5 +1,6 @@
 """The RL learner step (SPEC section 4, step 6; DESIGN "Functional learner"): old log-probs, then one optimiser
-update from micro-batches with exact gradient accumulation.
+update from micro-batches with exact gradient accumulation (or, for the step's only update, both in one pass: the
+update's forward under the sampling parameters gives the old log-probs).
 
 The policy loss is a weighted sum over tokens whose weights are normalised by the WHOLE batch's token (or
 sequence) count, so summing the micro-batches' gradients gives exactly the gradient of the big batch (up to float
@@ -9,6 +10,7 @@ rounding): there is no averaging of averages. Every function is jitted with expl
 
 from __future__ import annotations
 
+import functools
 from typing import Sequence
 
 import jax
@@ -63,12 +65,17 @@ class RLLearner:
         replicated = NamedSharding(mesh, PartitionSpec())
         self._logprobs = jax.jit(self._policy_logprobs, in_shardings=(params_sharding, batch_sharding),
                                  out_shardings=batch_sharding.old_logprobs)
-        self._first = jax.jit(self._micro_gradients, in_shardings=(params_sharding, batch_sharding, replicated),
-                              out_shardings=(params_sharding, replicated))
-        self._accumulate = jax.jit(self._accumulate_gradients, donate_argnums=1,
-                                   in_shardings=(params_sharding, (params_sharding, replicated), batch_sharding,
-                                                 replicated),
-                                   out_shardings=(params_sharding, replicated))
+        # Per `on_policy` (static): the first micro-batch's gradient, and one more added to the running sums.
+        self._first = {on_policy: jax.jit(functools.partial(self._micro_gradients, on_policy=on_policy),
+                                          in_shardings=(params_sharding, batch_sharding, replicated),
+                                          out_shardings=(params_sharding, replicated))
+                       for on_policy in (False, True)}
+        self._accumulate = {on_policy: jax.jit(functools.partial(self._accumulate_gradients, on_policy=on_policy),
+                                               donate_argnums=1,
+                                               in_shardings=(params_sharding, (params_sharding, replicated),
+                                                             batch_sharding, replicated),
+                                               out_shardings=(params_sharding, replicated))
+                            for on_policy in (False, True)}
 
         def apply(state: TrainState, grads: Params) -> tuple[TrainState, Metrics]:
             updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
@@ -83,28 +90,38 @@ class RLLearner:
         with use_mesh(self.mesh):
             return _logprobs_and_entropy(params, self.config, batch, False)[0]
 
-    def _micro_loss(self, params: Params, batch: RLBatch, totals: jax.Array) -> tuple[jax.Array, Metrics]:
+    def _micro_loss(self, params: Params, batch: RLBatch, totals: jax.Array,
+                    on_policy: bool) -> tuple[jax.Array, Metrics]:
         logprobs, entropy = _logprobs_and_entropy(params, self.config, batch, self.loss.needs_entropy)
         options = self.loss
+        extra = {}
+        if on_policy:  # the parameters ARE the sampling policy: old log-probs are this forward's, held constant
+            old_logprobs = jax.lax.stop_gradient(logprobs)
+            extra["gap_sum"] = jnp.sum(jnp.abs(jnp.asarray(batch.rollout_logprobs) - old_logprobs)
+                                       * jnp.asarray(batch.loss_mask))
+        else:
+            old_logprobs = jnp.asarray(batch.old_logprobs)
         loss, metrics = policy_loss(
-            logprobs, jnp.asarray(batch.old_logprobs), jnp.asarray(batch.advantages), jnp.asarray(batch.loss_mask),
+            logprobs, old_logprobs, jnp.asarray(batch.advantages), jnp.asarray(batch.loss_mask),
             eps_low=options.eps_low, eps_high=options.eps_high, dual_clip=options.dual_clip,
             normalization=options.normalization, kl_coef=options.kl_coef, kl_estimator=options.kl_estimator,
             ref_logprobs=jnp.asarray(batch.ref_logprobs) if options.needs_reference else None,
             entropy_coef=options.entropy_coef, entropy=entropy, total_tokens=totals[0], total_sequences=totals[1],
             with_metrics=True)
-        return loss, {"loss": loss, **metrics}
+        return loss, {"loss": loss, **metrics, **extra}
 
-    def _micro_gradients(self, params: Params, batch: RLBatch, totals: jax.Array) -> tuple[Params, Metrics]:
+    def _micro_gradients(self, params: Params, batch: RLBatch, totals: jax.Array,
+                         on_policy: bool) -> tuple[Params, Metrics]:
         """One micro-batch's gradient and metrics: the first micro-batch's start the sums (issue 12: no zeros to
         allocate and add, no trace of the loss per update to learn the metrics' names)."""
         with use_mesh(self.mesh):
-            (_, metrics), grads = jax.value_and_grad(self._micro_loss, has_aux=True)(params, batch, totals)
+            (_, metrics), grads = jax.value_and_grad(self._micro_loss, has_aux=True)(params, batch, totals,
+                                                                                     on_policy)
         return grads, metrics
 
     def _accumulate_gradients(self, params: Params, accumulated: tuple[Params, Metrics], batch: RLBatch,
-                              totals: jax.Array) -> tuple[Params, Metrics]:
-        grads, metrics = self._micro_gradients(params, batch, totals)
+                              totals: jax.Array, on_policy: bool) -> tuple[Params, Metrics]:
+        grads, metrics = self._micro_gradients(params, batch, totals, on_policy)
         grads_sum, metrics_sum = accumulated
         return jax.tree.map(jnp.add, grads_sum, grads), jax.tree.map(jnp.add, metrics_sum, metrics)
 
@@ -128,19 +145,28 @@ class RLLearner:
         refs = self.policy_logprobs(reference, batches) if reference is not None else [b.ref_logprobs for b in batches]
         return [batch.replace(old_logprobs=old, ref_logprobs=ref) for batch, old, ref in zip(batches, olds, refs)]
 
-    def update(self, state: TrainState, batches: Sequence[RLBatch]) -> tuple[TrainState, dict[str, float]]:
-        """One optimiser step on the summed gradient of `batches` (their old log-probs filled in).
+    def update(self, state: TrainState, batches: Sequence[RLBatch],
+               on_policy: bool = False) -> tuple[TrainState, dict[str, float]]:
+        """One optimiser step on the summed gradient of `batches`.
 
+        Their old log-probs must be filled in (`with_policy_logprobs`), unless `on_policy`: `state.params` are then
+        the parameters the rollouts were sampled with (the step's first and only update), so SPEC 4.6's ratio
+        denominator is this very forward's log-probs held constant: the same loss and gradient without a second
+        forward pass over the batch (issue 12), and the metrics gain `logprob_gap` (as `rl_batch.logprob_gap`).
         Metrics: loss and the policy-loss metrics (weighted over the trained tokens of all micro-batches),
         grad_norm (before clipping), learning_rate, trained_tokens and sequences.
         """
         self._check(batches)
+        if on_policy and self.loss.needs_reference:
+            raise ValueError("a KL term needs the reference log-probs: fill them in with with_policy_logprobs")
         tokens, sequences = batch_totals(batches)
         totals = jnp.asarray([tokens, sequences], jnp.float32)
-        accumulated = self._first(state.params, batches[0], totals)
+        accumulated = self._first[on_policy](state.params, batches[0], totals)
         for batch in batches[1:]:
-            accumulated = self._accumulate(state.params, accumulated, batch, totals)
+            accumulated = self._accumulate[on_policy](state.params, accumulated, batch, totals)
         grads, metrics = accumulated
         state, apply_metrics = self._apply(state, grads)
         values = {name: float(value) for name, value in jax.device_get({**metrics, **apply_metrics}).items()}
+        if on_policy:
+            values["logprob_gap"] = values.pop("gap_sum") / max(tokens, 1.0)
         return state, {**values, "trained_tokens": tokens, "sequences": sequences}

@@ -233,13 +233,17 @@ class RLTrainer:
 
     def _update(self, state: TrainState, groups: TrainingGroups, seed: int,
                 reference: Params | None) -> tuple[TrainState, dict[str, float]]:
-        """Old log-probs of every kept row under the sampling policy, then one optimiser step per mini-batch."""
+        """Old log-probs of every kept row under the sampling policy, then one optimiser step per mini-batch. With
+        one mini-batch and no KL term the old log-probs come from the update's own forward pass
+        (`RLLearner.update(on_policy=True)`), not from a pass of their own."""
         order = np.random.default_rng(seed).permutation(len(groups.samples))
         chunks = [chunk for chunk in np.array_split(order, self.settings.updates_per_step) if len(chunk)]
         pad_id = self.config.pad_token_id or 0
         with gin.config_scope("rl"):  # `rl/bucket_length.multiple` pads RL rows apart from the SFT's
             unscored = [rl_micro_batches([groups.samples[i].trajectory for i in chunk], groups.advantages[chunk],
                                          self.settings.micro_batch_rows, pad_id) for chunk in chunks]
+        if len(unscored) == 1 and reference is None:
+            return self.learner.update(state, unscored[0], on_policy=True)
         mini_batches: list[list[RLBatch]] = [self.learner.with_policy_logprobs(state.params, batches, reference)
                                              for batches in unscored]
         gap = logprob_gap([batch for mini in mini_batches for batch in mini])

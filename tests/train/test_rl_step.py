@@ -129,6 +129,31 @@ def test_the_rollout_vs_learner_gap_is_zero_for_the_learners_own_logprobs() -> N
     assert logprob_gap(shifted) == pytest.approx(0.25, abs=1e-6)
 
 
+def test_the_on_policy_update_equals_old_logprobs_from_a_pass_of_their_own() -> None:
+    """The step's only update needs no separate old-log-prob pass: the same loss, metrics, gradient and gap."""
+    mesh = make_mesh(devices=jax.devices()[:1])
+    outcomes = {}
+    for on_policy in (False, True):
+        state, learner = _learner(mesh, rows=5)
+        batches = [b.replace(rollout_logprobs=np.asarray(b.rollout_logprobs) * 0 - 2.0)
+                   for b in rl_micro_batches(ROLLOUTS, ADVANTAGES, 5)]
+        if not on_policy:
+            batches = learner.with_policy_logprobs(state.params, batches)
+            gap = logprob_gap(batches)
+        new_state, metrics = learner.update(state, batches, on_policy=on_policy)
+        outcomes[on_policy] = (jax.device_get(new_state.params), metrics)
+    (two_pass, two_pass_metrics), (fused, fused_metrics) = outcomes[False], outcomes[True]
+    assert "logprob_gap" not in two_pass_metrics and fused_metrics["logprob_gap"] == pytest.approx(gap, rel=1e-6)
+    for name in ("loss", "grad_norm", "trained_tokens", "clipped_fraction", "approx_kl"):
+        assert fused_metrics[name] == pytest.approx(two_pass_metrics[name], rel=1e-5, abs=1e-7), name
+    assert fused_metrics["clipped_fraction"] == 0.0  # the ratio is exactly 1 on the sampling policy
+    for a, b in zip(jax.tree.leaves(fused), jax.tree.leaves(two_pass)):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7)
+    state, learner = _learner(mesh, rows=5, options=PolicyLossOptions(kl_coef=0.1))
+    with pytest.raises(ValueError, match="KL term needs the reference"):
+        learner.update(state, rl_micro_batches(ROLLOUTS, ADVANTAGES, 5), on_policy=True)
+
+
 def test_kl_and_entropy_options_reach_the_loss() -> None:
     mesh = make_mesh(devices=jax.devices()[:1])
     options = PolicyLossOptions(kl_coef=0.1, entropy_coef=0.01, dual_clip=3.0, normalization="sequence_mean")
