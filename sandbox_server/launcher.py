@@ -2,7 +2,8 @@
 
 Used by tests, benchmarks and experiments. The server runs under `unshare --pid --fork --kill-child --mount-proc`,
 so that even a sandbox failing to contain `os.kill(-1, 9)` or a fork bomb could only hit the server's namespace,
-never the caller's session (issue 3, point 7).
+never the caller's session (issue 3, point 7). The namespace is killed with its caller: a script stopped by a signal
+that skips its clean-up (SIGTERM, SIGKILL) leaves no server behind.
 """
 
 from __future__ import annotations
@@ -72,6 +73,14 @@ class ServerProcess:
                 self.process.wait()
 
 
+def killed_with_caller(command: Sequence[str]) -> list[str]:
+    """`command` run so that the kernel SIGKILLs it when the thread that started it exits (util-linux `setpriv
+    --pdeathsig`; the command as it is where setpriv is missing): a caller killed before its clean-up runs leaves
+    no orphan behind. Start it from a thread that lives as long as it should (the main thread)."""
+    setpriv = shutil.which("setpriv")
+    return [setpriv, "--pdeathsig", "KILL", *command] if setpriv else list(command)
+
+
 def start_server(
     args: Sequence[str] = (),
     port: int | None = None,
@@ -92,7 +101,8 @@ def start_server(
     ]  # fmt: skip
     with open(log_path, "wb") as log:
         process = subprocess.Popen(
-            command, stdout=log, stderr=subprocess.STDOUT, cwd=_PACKAGE_PARENT, env={**os.environ, **(extra_env or {})}
+            killed_with_caller(command), stdout=log, stderr=subprocess.STDOUT, cwd=_PACKAGE_PARENT,
+            env={**os.environ, **(extra_env or {})},
         )
     server = ServerProcess(process, f"http://127.0.0.1:{port}", log_path)
     deadline = time.monotonic() + start_timeout_s

@@ -19,6 +19,7 @@ from typing import Any, Callable, Literal, Mapping, Sequence
 from rstar_jax.console import say
 from rstar_jax.grid.points import GridError, Point
 from rstar_jax.train.metrics import METRICS_FILE, read_metrics
+from sandbox_server.launcher import killed_with_caller
 
 POINTS_DIR = "points"
 POINT_FILE = "point.json"
@@ -82,7 +83,7 @@ class GridOutcome:
 def run_points(points: Sequence[Point], grid_dir: str | Path, command: PointCommand,
                base: Mapping[str, Any] | None = None, env: Mapping[str, str] | None = None) -> GridOutcome:
     """Run every point not yet finished, one after another, each as `command(point, run_dir)` in a subprocess
-    (output passed through); a failing point is reported and the others still run. `base`: the settings every
+    (output passed through, killed with this process); a failing point is reported and the others still run. `base`: the settings every
     point shares, recorded with each (`claim`) so that a rerun with other ones is refused, not mixed in."""
     outcome = GridOutcome()
     for index, point in enumerate(points, 1):
@@ -97,7 +98,7 @@ def run_points(points: Sequence[Point], grid_dir: str | Path, command: PointComm
         steps = len(read_metrics(directory / METRICS_FILE))
         say(f"{where}: {'resuming after ' + str(steps) + ' logged steps' if status == 'interrupted' else 'starting'}"
             f" ({'; '.join(point.bindings)}; model {point.model})")
-        result = subprocess.run(list(command(point, directory)), env=None if env is None else dict(env))
+        result = subprocess.run(killed_with_caller(command(point, directory)), env=None if env is None else dict(env))
         if result.returncode == 0 and point_status(directory) == "finished":
             outcome.finished.append(point.name)
         else:
