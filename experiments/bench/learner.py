@@ -226,6 +226,36 @@ def jax_grpo_call(config: ModelConfig, params: Any, rollouts: list[Rollout], adv
     return update, info, batches
 
 
+def jax_old_logprob_calls(config: ModelConfig, params: Any, rollouts: list[Rollout], advantages: np.ndarray,
+                          micro_batches: int) -> dict[str, Callable[[], Any]]:
+    """The trainer's whole update of one RL step, both ways (compiled by a first call each): "own pass" fills the
+    old log-probs in a forward pass of their own, then updates (`with_policy_logprobs` + `update`); "update's pass"
+    takes them from the update's own forward (`update(on_policy=True)`, the trainer's path for a step's only
+    update). The same loss and gradient: the difference is the forward pass saved."""
+    rows = len(rollouts) // micro_batches
+    optimizer, schedule = rl_optimizer(total_steps=1000)
+    mesh = make_mesh(devices=jax.devices()[:1])
+    state = init_train_state(jax.tree.map(jnp.copy, params), optimizer)
+    shardings = train_state_shardings(state, mesh)
+    learner = RLLearner(config, optimizer, schedule, mesh, shardings, rows, PolicyLossOptions())
+    batches = rl_micro_batches(rollouts, advantages, rows)
+    holder = {"state": jax.device_put(state, shardings)}
+
+    def own_pass() -> dict[str, float]:
+        scored = learner.with_policy_logprobs(holder["state"].params, batches)
+        holder["state"], metrics = learner.update(holder["state"], scored)
+        return metrics
+
+    def updates_pass() -> dict[str, float]:
+        holder["state"], metrics = learner.update(holder["state"], batches, on_policy=True)
+        return metrics
+
+    calls = {"own pass": own_pass, "update's pass": updates_pass}
+    for call in calls.values():
+        call()
+    return calls
+
+
 def torch_model(model_dir: str) -> torch.nn.Module:
     """transformers' model of `model_dir` in float32, in training mode."""
     transformers.utils.logging.disable_progress_bar()
@@ -329,11 +359,15 @@ def run_configuration(config: ModelConfig, configuration: Configuration, warmup:
         model = torch_model(model_dir)
     calls["torch loss"], infos["torch loss"] = torch_loss_call(model, loss_batch)
     calls["torch grpo"], infos["torch grpo"] = torch_grpo_call(model, batches)
+    old_logprobs = {f"old log-probs: {name}": call for name, call in jax_old_logprob_calls(
+        config, params, rollouts, advantages, configuration.micro_batches).items()}
     probe = matmul_call(matmul_size)
     (machine_before, own_before), wall_before = busy_cpu_seconds(), time.perf_counter()
-    seconds = time_rounds({"matmul": probe, **calls}, warmup, iters)
+    seconds = time_rounds({"matmul": probe, **calls, **old_logprobs}, warmup, iters)
     (machine_after, own_after), wall = busy_cpu_seconds(), time.perf_counter() - wall_before
     others = (machine_after - machine_before) - (own_after - own_before)
+    old_logprob_s = {name.removeprefix("old log-probs: "): statistics.median(seconds.pop(name))
+                     for name in old_logprobs}
     peak_s = statistics.median(seconds.pop("matmul"))
     peak = {"size": matmul_size, "median_s": peak_s, "flops_per_s": 2 * matmul_size**3 / peak_s}
     flops = train_step_flops(config, rows, seq)
@@ -359,6 +393,8 @@ def run_configuration(config: ModelConfig, configuration: Configuration, warmup:
                      for name, variant in (variants or {}).items()},
         "loss_abs_difference": {step: abs(sides[f"jax {step}"]["loss"] - sides[f"torch {step}"]["loss"])
                                 for step in STEPS},
+        "rl_update_old_logprobs_s": old_logprob_s | {
+            "speedup": old_logprob_s["own pass"] / old_logprob_s["update's pass"]},
         "load_average_1m_at_end": os.getloadavg()[0],
         "other_processes_cpu_share": max(others, 0.0) / (wall * os.cpu_count()),
     }
@@ -429,6 +465,10 @@ def format_table(result: dict[str, Any]) -> str:
             f"compute {model['compute_dtype']}; "
             f"{flops['total'] / 1e9:.1f} GFLOP/step; matmul peak {config['matmul_peak']['flops_per_s'] / 1e9:.1f} "
             f"GFLOP/s; JAX compile + first step {config['steps']['jax loss']['compile_and_first_step_s']:.1f} s")
+        old = config["rl_update_old_logprobs_s"]
+        own_ms, fused_ms = old["own pass"] * 1e3, old["update's pass"] * 1e3
+        lines.append(f"  RL step's update (JAX): old log-probs in a pass of their own {own_ms:.1f} ms, from the "
+                     f"update's own forward {fused_ms:.1f} ms ({old['speedup']:.2f}x)")
         if "jax_loss_profile_ms" in config:
             profile = config["jax_loss_profile_ms"]
             total = sum(profile.values())
