@@ -29,7 +29,7 @@ from experiments.make_tiny_model import TINY_MODEL_GIN
 from experiments.sft import DEFAULT_GIN as SFT_GIN
 from rstar_jax.console import log_to, phase, say
 from rstar_jax.eval.heldout import HeldOutEval
-from rstar_jax.eval.benchmark_report import problem_records
+from rstar_jax.eval.benchmark_report import problem_records_jsonl
 from rstar_jax.eval.report import accuracy_by_kind, comparison_table, example_text, kind_table
 from rstar_jax.gin_setup import knob_help, parse_gin, write_operative_config
 from rstar_jax.model import load_hf
@@ -74,25 +74,26 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         with phase("[1/4] format SFT of the tiny model") as sft_time:
             model_dir = train_sft(out / "sft")
         model = load_hf(model_dir)
-        tokenizer = str(model_dir)
+        tokenizer_dir, tokenizer = str(model_dir), load_tokenizer(model_dir)
         problems = f"{evaluation.problems.describe()}, {evaluation.samples} samples at T={evaluation.temperature}" \
                    + (" and greedy" if evaluation.greedy else "")
         with phase(f"[2/4] held-out evaluation of the SFT model ({problems})") as before_time:
-            before = evaluation.run(model.config, model.params, load_tokenizer(model_dir), sandbox.url)
+            before = evaluation.run(model.config, model.params, tokenizer, sandbox.url)
         per_prompt = make_selector().rollouts_per_prompt(settings.group_size)
         with phase(f"[3/4] GRPO-RoC: {settings.total_steps} steps in {len(settings.stages)} stages, "
                    f"{settings.prompts_per_step} prompts x {per_prompt} rollouts a step") as rl_time:
-            trainer = RLTrainer(out / "rl", model.config, model.params, tokenizer, settings)
+            trainer = RLTrainer(out / "rl", model.config, model.params, tokenizer_dir, settings)
             params = trainer.run([sandbox.url])
-            save_model_folder(model.config, params, out / "rl" / "model", tokenizer)
+            save_model_folder(model.config, params, out / "rl" / "model", tokenizer_dir)
             plot_metrics(read_metrics(out / "rl" / "metrics.jsonl"), out / "rl" / "plots", "GRPO-RoC")
         with phase(f"[4/4] held-out evaluation after RL ({problems})") as after_time:
-            after = evaluation.run(model.config, params, load_tokenizer(model_dir), sandbox.url)
+            after = evaluation.run(model.config, params, tokenizer, sandbox.url)
         results = {"after_sft": before, "after_rl": after}
+        by_kind = {when: {name: accuracy_by_kind(result) for name, result in by_mode.items()}
+                   for when, by_mode in results.items()}
         summary = {**{when: {name: result.summary for name, result in by_mode.items()}
                       for when, by_mode in results.items()},
-                   "accuracy_by_kind": {when: {name: accuracy_by_kind(result) for name, result in by_mode.items()}
-                                        for when, by_mode in results.items()},
+                   "accuracy_by_kind": by_kind,
                    "seed": args.seed, "total_seconds": time.monotonic() - started,
                    "phase_seconds": {"sft": sft_time["seconds"], "eval_before": before_time["seconds"],
                                      "rl": rl_time["seconds"], "eval_after": after_time["seconds"]}}
@@ -100,11 +101,10 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         (out / "demo_summary.json").write_text(json.dumps(summary, indent=1) + "\n")
         for when, by_mode in results.items():
             for name, result in by_mode.items():
-                records = problem_records(result, load_tokenizer(model_dir))
-                (out / f"heldout_{when}_{name}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+                (out / f"heldout_{when}_{name}.jsonl").write_text(problem_records_jsonl(result, tokenizer))
         say(comparison_table(before, after))
-        say(kind_table(before, after))
-        say(example_text(after["sampled"], load_tokenizer(model_dir)))
+        say(kind_table(by_kind["after_sft"], by_kind["after_rl"]))
+        say(example_text(after["sampled"], tokenizer))
         say(f"demo finished in {summary['total_seconds']:.0f} s; figures in {out / 'demo_summary.json'}, "
             f"RL plots in {out / 'rl' / 'plots'}")
     return summary

@@ -29,7 +29,7 @@ from typing import Any, Sequence
 import rstar_jax.train.sft_run  # noqa: F401  (registers train_sft & co., which sft/tiny_format.gin binds)
 from rstar_jax.console import log_to, say
 from rstar_jax.eval.agentic import EvalResult
-from rstar_jax.eval.benchmark_report import problem_records, set_row, summary_markdown
+from rstar_jax.eval.benchmark_report import problem_records_jsonl, set_row, summary_markdown
 from rstar_jax.eval.benchmark_run import BenchmarkEval
 from rstar_jax.eval.benchmarks import BENCHMARKS, load_benchmark, parse_benchmark_names
 from rstar_jax.eval.finished_sets import finished_rows, mark_finished
@@ -91,7 +91,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     def set_done(name: str, result: EvalResult, seconds: float) -> None:
         path = out / "problems" / f"{name}.jsonl"
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text("".join(json.dumps(r) + "\n" for r in problem_records(result, tokenizer)))
+        path.write_text(problem_records_jsonl(result, tokenizer))
         rows[name] = row = set_row(name, result, seconds)
         mark_finished(out / "problems", name, identity, row)
         say(f"{BENCHMARKS[name].title}: avg@{row['k']} {100 * row['avg_at_k']:.1f}%, pass@{row['k']} "

@@ -6,6 +6,7 @@ Pure: `EvalResult`s and numbers in, dicts and text out; the script writes them t
 
 from __future__ import annotations
 
+import json
 from typing import Any, Mapping, Sequence
 
 from rstar_jax.agent.trajectory import sampled_turn_texts
@@ -44,6 +45,11 @@ def problem_records(result: EvalResult, tokenizer: Any) -> list[dict[str, Any]]:
             "finish_reasons": [t.finish_reason.value for t in trajectories],
         })
     return records
+
+
+def problem_records_jsonl(result: EvalResult, tokenizer: Any) -> str:
+    """`problem_records` as JSON lines, the per-problem file every evaluation writes."""
+    return "".join(json.dumps(record) + "\n" for record in problem_records(result, tokenizer))
 
 
 def set_row(name: str, result: EvalResult, seconds: float) -> dict[str, Any]:

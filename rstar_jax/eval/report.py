@@ -59,15 +59,15 @@ def accuracy_by_kind(result: EvalResult) -> dict[str, float]:
     return {kind: sum(shares) / len(shares) for kind, shares in solved.items()}
 
 
-def kind_table(before: Mapping[str, EvalResult], after: Mapping[str, EvalResult],
+def kind_table(before: Mapping[str, Mapping[str, float]], after: Mapping[str, Mapping[str, float]],
                labels: tuple[str, str] = ("after SFT", "after RL")) -> str:
-    """Accuracy per problem kind before and after, for each mode both sides evaluated (sampled, greedy)."""
+    """Accuracy per problem kind before and after (each side `{mode: accuracy_by_kind(result)}`), for each mode both
+    sides evaluated (sampled, greedy)."""
     lines = [f"{'accuracy by kind':28}  {labels[0]:>10}  {labels[1]:>10}"]
     for mode in (mode for mode in before if mode in after):
-        sides = [accuracy_by_kind(results[mode]) for results in (before, after)]
-        for kind in sides[0]:
+        for kind, accuracy in before[mode].items():
             label = f"{kind}, {'T=1' if mode == 'sampled' else mode}"
-            lines.append(f"{label:28}  {100 * sides[0][kind]:9.1f}%  {100 * sides[1].get(kind, float('nan')):9.1f}%")
+            lines.append(f"{label:28}  {100 * accuracy:9.1f}%  {100 * after[mode].get(kind, float('nan')):9.1f}%")
     return "\n".join(lines)
 
 

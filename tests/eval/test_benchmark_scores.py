@@ -3,6 +3,8 @@ summary tables with the paper's reference rows."""
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 
@@ -10,7 +12,8 @@ from rstar_jax.agent import FinishReason, TrajectoryBuilder, prompt_token_ids, t
 from rstar_jax.agent.tool_call import ToolCall
 from rstar_jax.data.problem import Problem
 from rstar_jax.eval.agentic import EvalResult
-from rstar_jax.eval.benchmark_report import problem_records, reference_table, results_table, set_row
+from rstar_jax.eval.benchmark_report import (problem_records, problem_records_jsonl, reference_table, results_table,
+                                             set_row)
 from rstar_jax.eval.metrics import avg_at_k, pass_at_k, trajectory_metrics, verdict_matrix
 from rstar_jax.rollout.agent_loop import RolloutSample
 from rstar_jax.tokenizers import load_tokenizer
@@ -66,6 +69,7 @@ def test_records_rows_and_tables_from_real_trajectories() -> None:
     assert records[0]["turns"] == [1, 2]
     assert records[0]["response_lengths"] == [s.trajectory.response_length for s in samples[:2]]
     assert records[0]["response_lengths"][1] > records[0]["response_lengths"][0]
+    assert [json.loads(line) for line in problem_records_jsonl(result, tokenizer).splitlines()] == records
 
     row = set_row("aime24", result, seconds=12.0)
     assert (row["title"], row["problems"], row["k"]) == ("AIME24", 2, 2)

@@ -31,7 +31,8 @@ def test_kind_table_puts_before_and_after_side_by_side():
     before = {"sampled": result({"synthetic/multiply/d1/s7/0": 1, "synthetic/modpow/d1/s7/1": 2}),
               "greedy": result({"synthetic/multiply/d1/s7/0": 0, "synthetic/modpow/d1/s7/1": 1}, samples=1)}
     after = {"sampled": result({"synthetic/multiply/d1/s7/0": 3, "synthetic/modpow/d1/s7/1": 2})}
-    lines = kind_table(before, after).splitlines()
+    figures = [{mode: accuracy_by_kind(r) for mode, r in side.items()} for side in (before, after)]
+    lines = kind_table(*figures).splitlines()
     assert len(lines) == 3  # header + two kinds; greedy was evaluated on one side only
     assert lines[1].split() == ["multiply,", "T=1", "25.0%", "75.0%"]
     assert lines[2].split() == ["modpow,", "T=1", "50.0%", "50.0%"]
