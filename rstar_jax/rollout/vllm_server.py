@@ -25,7 +25,7 @@ import gin
 
 from rstar_jax.paths import REPO_ROOT
 from rstar_jax.rollout.vllm_worker_extension import EXTENSION_QUALNAME
-from sandbox_server.launcher import free_port
+from sandbox_server.launcher import free_port, killed_with_caller
 
 _DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # health checks never go through a proxy
 
@@ -129,7 +129,8 @@ def start_server(model_dir: str | os.PathLike, port: int | None = None, host: st
         command = pinned_command(command, cpus)
         env.setdefault("VLLM_CPU_OMP_THREADS_BIND", cpu_list(cpus))
     with open(log_path, "wb") as log:
-        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        process = subprocess.Popen(killed_with_caller(command), stdout=log, stderr=subprocess.STDOUT, env=env,
+                                   start_new_session=True)
     return VLLMServer(process, f"http://{host}:{port}", log_path)
 
 

