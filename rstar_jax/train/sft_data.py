@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import inspect
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -47,17 +48,24 @@ def sandbox_transcripts(count: int, seed: int, tokenizer: PreTrainedTokenizerBas
     async def generate(url: str) -> list[SftTranscript]:
         async with SandboxClient([url]) as client:
             return await sft_transcripts(synthetic_tasks(count, seed=seed, split="train"), client, tokenizer,
-                                         seed=seed)
+                                         seed=seed, faulty_fraction=configured_faulty_fraction())
 
     with running_server(tuple(server_args)) as server:
         return asyncio.run(generate(server.url))
 
 
+def configured_faulty_fraction() -> float:
+    """The share of transcripts that start with a faulty call: `sft_transcripts.faulty_fraction` as gin binds it,
+    else that function's default."""
+    default = inspect.signature(sft_transcripts).parameters["faulty_fraction"].default
+    return gin.get_bindings(sft_transcripts).get("faulty_fraction", default)
+
+
 def cache_key(count: int, seed: int, tokenizer: PreTrainedTokenizerBase) -> dict[str, Any]:
-    """What decides a transcript set's ids: count, seed, the training split, the prompt rendering (system prompt,
-    tokenizer) and the tool-response layout."""
+    """What decides a transcript set's ids: count, seed, the training split, the share of faulty first calls, the
+    prompt rendering (system prompt, tokenizer) and the tool-response layout."""
     probe = prompt_token_ids(tokenizer, "What is 1 + 1?") + tokenizer.encode(format_tool_response(_PROBE_OUTCOME))
-    return {"count": count, "seed": seed, "split": "train",
+    return {"count": count, "seed": seed, "split": "train", "faulty_fraction": configured_faulty_fraction(),
             "prompt_sha256": hashlib.sha256(json.dumps(probe).encode()).hexdigest()}
 
 

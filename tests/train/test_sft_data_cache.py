@@ -1,0 +1,30 @@
+"""The SFT transcript cache is reused only for the settings that made it: a changed share of faulty first calls (or
+count, or seed) regenerates the transcripts instead of training on the old ones."""
+
+from __future__ import annotations
+
+import gin
+
+from rstar_jax.tokenizers import load_tokenizer
+from rstar_jax.train.sft_data import (TrainingSequence, cache_key, configured_faulty_fraction, read_sequences,
+                                      write_sequences)
+
+
+def test_the_cache_is_read_back_only_under_the_key_that_wrote_it(tmp_path) -> None:
+    tokenizer = load_tokenizer("tiny")
+    sequences = [TrainingSequence((5, 6, 7), (0, 1, 1)), TrainingSequence((8,), (1,))]
+    path = tmp_path / "transcripts.jsonl"
+    gin.clear_config()
+    try:
+        key = cache_key(16, 3, tokenizer)
+        assert configured_faulty_fraction() == 0.25 and key["faulty_fraction"] == 0.25  # the function's default
+        write_sequences(path, key, sequences)
+        assert read_sequences(path, cache_key(16, 3, tokenizer)) == sequences
+        assert read_sequences(path, cache_key(16, 4, tokenizer)) is None
+        assert read_sequences(path, cache_key(32, 3, tokenizer)) is None
+        gin.parse_config("sft_transcripts.faulty_fraction = 0.5")
+        assert configured_faulty_fraction() == 0.5
+        assert read_sequences(path, cache_key(16, 3, tokenizer)) is None
+    finally:
+        gin.clear_config()
+    assert read_sequences(tmp_path / "absent.jsonl", key) is None
