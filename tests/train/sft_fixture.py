@@ -26,7 +26,7 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 SFT_GIN = "sft/tiny_format.gin"
 # The fixture's tests need the agent format (tool calls that parse, answers in tags), which the transcripts teach, not
 # the copying of numbers the drills teach: 100 of the demo's 400 drill steps keep the session's SFT at ~6 minutes
-# (the demo's takes ~16 on 2 cores) and CI within its 45.
+# (368 s measured; the demo's takes ~11.5 on 2 cores) and CI within its 45.
 FIXTURE_BINDINGS = ("train_sft.drill_steps = 100",)
 
 

@@ -69,8 +69,20 @@ def _kill_during_step(model: Path, out: Path, after_steps: int, delay_s: float) 
     return len(read_metrics(out / "metrics.jsonl"))
 
 
+# Not bit-exact across runs, by design: the rollout engine's own log-probs (the rollout side of `logprob_gap`) come
+# from decode calls whose attention window is the smallest holding the longest co-running sequence, and which
+# trajectories run together depends on when sandbox calls return; a different window sums the same (masked-out)
+# keys in another order, a last-bit difference. Training never reads them (the learner recomputes old log-probs).
+# Seen once: 4.4310e-07 against 4.4389e-07, with every other metric and the final weights bit-identical.
+NOT_BIT_EXACT = ("seconds", "logprob_gap")
+
+
 def _without_timings(entries: list[dict]) -> list[dict]:
-    return [{key: value for key, value in entry.items() if key != "seconds"} for entry in entries]
+    return [{key: value for key, value in entry.items() if key not in NOT_BIT_EXACT} for entry in entries]
+
+
+def _logprob_gaps(entries: list[dict]) -> dict[int, float]:
+    return {entry["step"]: entry["logprob_gap"] for entry in entries if "logprob_gap" in entry}
 
 
 def test_a_killed_run_resumes_to_the_same_metrics_and_weights(sft_model_dir: Path, tmp_path: Path) -> None:
@@ -83,7 +95,11 @@ def test_a_killed_run_resumes_to_the_same_metrics_and_weights(sft_model_dir: Pat
     logged = _kill_during_step(sft_model_dir, killed, after_steps=1, delay_s=3.0)  # in step 2's rollouts or update
     assert logged < 3, "killed before the end"
     _run(sft_model_dir, killed)
-    assert _without_timings(read_metrics(killed / "metrics.jsonl")) == _without_timings(reference)
+    resumed_metrics = read_metrics(killed / "metrics.jsonl")
+    assert _without_timings(resumed_metrics) == _without_timings(reference)
+    resumed_gaps, reference_gaps = _logprob_gaps(resumed_metrics), _logprob_gaps(reference)
+    assert resumed_gaps.keys() == reference_gaps.keys()
+    assert list(resumed_gaps.values()) == pytest.approx(list(reference_gaps.values()), rel=0.02)
     resumed, uninterrupted = load_file(killed / "model" / "model.safetensors"), load_file(
         whole / "model" / "model.safetensors")
     assert resumed.keys() == uninterrupted.keys()
