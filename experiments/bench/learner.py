@@ -344,6 +344,9 @@ def run_configuration(config: ModelConfig, configuration: Configuration, warmup:
     params = init_params(config, jax.random.key(seed))
     rollouts, advantages = synthetic_rollouts(rows, seq, config.vocab_size, seed)
     loss_batch = make_batch(rollouts)
+    if loss_batch.input_ids.shape[1] != seq:  # both sides would then time different work (torch reads the padding)
+        raise ValueError(f"[{rows} x {seq}] rows pad to {loss_batch.input_ids.shape[1]} tokens (gin bucket_length): "
+                         f"bind a multiple that divides {seq}, e.g. --gin_param 'bucket_length.multiple = {seq}'")
     loss_batch = loss_batch.replace(loss_mask=np.ones_like(loss_batch.loss_mask))  # every next token: HF's loss
     calls, infos = {}, {}
     calls["jax loss"], infos["jax loss"] = jax_loss_call(config, params, loss_batch)
