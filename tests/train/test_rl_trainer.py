@@ -69,11 +69,11 @@ def _kill_during_step(model: Path, out: Path, after_steps: int, delay_s: float) 
     return len(read_metrics(out / "metrics.jsonl"))
 
 
-# Not bit-exact across runs, by design: the rollout engine's own log-probs (the rollout side of `logprob_gap`) come
-# from decode calls whose attention window is the smallest holding the longest co-running sequence, and which
-# trajectories run together depends on when sandbox calls return; a different window sums the same (masked-out)
-# keys in another order, a last-bit difference. Training never reads them (the learner recomputes old log-probs).
-# Seen once: 4.4310e-07 against 4.4389e-07, with every other metric and the final weights bit-identical.
+# Not bit-exact across runs: the rollout side of `logprob_gap` (the engine's own log-probs of its samples). Seen once:
+# 4.4310e-07 against 4.4389e-07 at step 2, every other metric and the final weights bit-identical. The likely cause
+# (not isolated): a decode call attends over the smallest window that holds the longest co-running sequence, which
+# trajectories run together depends on when sandbox calls return, and another window rounds the same sums
+# differently in the last bit. Training never reads these log-probs (the learner recomputes old log-probs).
 NOT_BIT_EXACT = ("seconds", "logprob_gap")
 
 
