@@ -150,5 +150,5 @@ def test_end_to_end_run_writes_every_figure(tmp_path, capsys, clean_gin):
 
 def test_a_variant_may_not_change_the_parameters(clean_gin):
     with pytest.raises(ValueError, match="variant 'wider' changes the parameters' shapes"):
-        learner.run_benchmark(["tiny_256"], warmup=0, iters=1, matmul_size=8, overrides={"rows": 2, "seq": 8},
+        learner.run_benchmark(["tiny_256"], warmup=0, iters=1, matmul_size=8, overrides={"rows": 2, "seq": 16},
                               variants={"wider": ["ModelConfig.hidden_size = 512"]})

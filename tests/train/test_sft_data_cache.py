@@ -6,8 +6,8 @@ from __future__ import annotations
 import gin
 
 from rstar_jax.tokenizers import load_tokenizer
-from rstar_jax.train.sft_data import (TrainingSequence, cache_key, configured_faulty_fraction, read_sequences,
-                                      write_sequences)
+from rstar_jax.train.sft_data import (TrainingSequence, cache_key, cached_sft_sequences, configured_faulty_fraction,
+                                      read_sequences, write_sequences)
 
 
 def test_the_cache_is_read_back_only_under_the_key_that_wrote_it(tmp_path) -> None:
@@ -16,15 +16,18 @@ def test_the_cache_is_read_back_only_under_the_key_that_wrote_it(tmp_path) -> No
     path = tmp_path / "transcripts.jsonl"
     gin.clear_config()
     try:
-        key = cache_key(16, 3, tokenizer)
-        assert configured_faulty_fraction() == 0.25 and key["faulty_fraction"] == 0.25  # the function's default
+        assert configured_faulty_fraction() == 0.25  # the function's default
+        key = cache_key(16, 3, tokenizer, 0.25)
         write_sequences(path, key, sequences)
-        assert read_sequences(path, cache_key(16, 3, tokenizer)) == sequences
-        assert read_sequences(path, cache_key(16, 4, tokenizer)) is None
-        assert read_sequences(path, cache_key(32, 3, tokenizer)) is None
+        assert read_sequences(path, cache_key(16, 3, tokenizer, 0.25)) == sequences
+        assert read_sequences(path, cache_key(16, 4, tokenizer, 0.25)) is None
+        assert read_sequences(path, cache_key(32, 3, tokenizer, 0.25)) is None
+        assert read_sequences(path, cache_key(16, 3, tokenizer, 0.5)) is None
         gin.parse_config("sft_transcripts.faulty_fraction = 0.5")
         assert configured_faulty_fraction() == 0.5
-        assert read_sequences(path, cache_key(16, 3, tokenizer)) is None
+        # Written under the bound share, the cache is what `cached_sft_sequences` returns (no sandbox is started).
+        write_sequences(path, cache_key(16, 3, tokenizer, 0.5), sequences[:1])
+        assert cached_sft_sequences(path, 16, 3, tokenizer) == sequences[:1]
     finally:
         gin.clear_config()
     assert read_sequences(tmp_path / "absent.jsonl", key) is None
