@@ -12,6 +12,7 @@ import jax
 import jax.extend
 import jax.numpy as jnp
 
+from rstar_jax.kernels.cpu_attention import cpu_fused_attention
 from rstar_jax.model.causal_blockwise import MASKED_SCORE, causal_blockwise_attention
 from rstar_jax.model.config import ATTENTION_IMPLS
 from rstar_jax.model.segments import allowed_keys, causal_segment_mask
@@ -123,7 +124,9 @@ def causal_attention(q: jax.Array, k: jax.Array, v: jax.Array, segment_ids: jax.
       and takes the dense form, which keeps its [T, T] <= [block, block] probabilities instead of recomputing
       them (faster on XLA:CPU: 10.9 against 12.2 ms per layer of the tiny model at 256 tokens, measured);
     - "dot_product": `jax.nn.dot_product_attention`, cuDNN's fused kernel where the backend and dtype allow it
-      (`fused_implementation`), XLA's otherwise.
+      (`fused_implementation`), XLA's otherwise;
+    - "cpu_fused": `kernels.cpu_attention.cpu_fused_attention`, FlashAttention-2 as one C++ call each way through
+      XLA's FFI (CPU, float32, one device; built with g++ on first use).
     """
     if impl == "dense" or (impl == "causal_blockwise" and q.shape[1] <= block_size):
         return grouped_attention(q, k, v, causal_segment_mask(segment_ids), precision,
@@ -132,6 +135,8 @@ def causal_attention(q: jax.Array, k: jax.Array, v: jax.Array, segment_ids: jax.
         return causal_blockwise_attention(q, k, v, segment_ids, block_size, precision)
     if impl == "dot_product":
         return dot_product_attention(q, k, v, segment_ids, fused_implementation(q.dtype))
+    if impl == "cpu_fused":
+        return cpu_fused_attention(q, k, v, segment_ids)
     raise ValueError(f"unknown attention implementation {impl!r}; choose from {ATTENTION_IMPLS}")
 
 

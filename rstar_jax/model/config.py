@@ -16,7 +16,7 @@ import jax.numpy as jnp
 FAMILIES: tuple[str, ...] = ("qwen2", "qwen3")
 DTYPES: dict[str, Any] = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
 REMAT_POLICIES: tuple[str, ...] = ("none", "full", "dots_saveable")
-ATTENTION_IMPLS: tuple[str, ...] = ("dense", "causal_blockwise", "dot_product")
+ATTENTION_IMPLS: tuple[str, ...] = ("dense", "causal_blockwise", "dot_product", "cpu_fused")
 PRECISIONS: dict[str, jax.lax.Precision] = {"default": jax.lax.Precision.DEFAULT, "high": jax.lax.Precision.HIGH,
                                             "highest": jax.lax.Precision.HIGHEST}
 
@@ -38,8 +38,9 @@ class ModelConfig:
     CPU is always full precision). `attention_impl` picks the training attention (issue 12; every one gives the
     dense numbers, see `attention.causal_attention`): "dense" (the reference; `attention_block_size` > 0 streams
     its keys in blocks of that size), "causal_blockwise" (blocks of `attention_block_size` > 0, the blocks above
-    the diagonal skipped) or "dot_product" (`jax.nn.dot_product_attention`, cuDNN's fused kernel on CUDA for
-    16-bit compute). Decoding over a KV cache always uses `attention.cached_attention`.
+    the diagonal skipped), "dot_product" (`jax.nn.dot_product_attention`, cuDNN's fused kernel on CUDA for
+    16-bit compute) or "cpu_fused" (`rstar_jax.kernels.cpu_attention`: one fused C++ call each way on XLA:CPU,
+    float32, one device). Decoding over a KV cache always uses `attention.cached_attention`.
     """
 
     vocab_size: int

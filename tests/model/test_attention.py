@@ -1,6 +1,7 @@
 """Blockwise attention gives the dense attention's outputs and gradients (it only changes memory); attention over a
 head-major cache plus the call's own keys gives the dense attention over both written into one key sequence; every
-training attention implementation (issue 12) equals the dense reference within 1e-5 in float32 on packed rows."""
+training attention implementation (issue 12), the fused C++ kernel included, equals the dense reference within 1e-5
+in float32 on packed rows."""
 
 import dataclasses
 
@@ -70,7 +71,7 @@ def packed_segments() -> np.ndarray:
 
 
 IMPLEMENTATIONS = [("causal_blockwise", 3), ("causal_blockwise", 8), ("causal_blockwise", 20),
-                   ("causal_blockwise", 21), ("dot_product", 0), ("dense", 5)]
+                   ("causal_blockwise", 21), ("dot_product", 0), ("dense", 5), ("cpu_fused", 0)]
 
 
 @pytest.mark.parametrize("impl,block_size", IMPLEMENTATIONS)
@@ -138,10 +139,11 @@ def test_fused_attention_on_this_backend_is_xla():
     assert fused_implementation(jnp.bfloat16) == "xla"  # the CPU test machine
 
 
-@pytest.mark.parametrize("impl,block_size", [("dense", 3), ("causal_blockwise", 4), ("dot_product", 0)])
+@pytest.mark.parametrize("impl,block_size", [("dense", 3), ("causal_blockwise", 4), ("dot_product", 0),
+                                             ("cpu_fused", 0)])
 def test_model_with_each_training_attention_matches_plain_model(impl, block_size):
     """The whole model's logits on real tokens (a left-padded row included): key-streamed dense attention, the
-    causal blockwise form and jax.nn.dot_product_attention against plain dense attention."""
+    causal blockwise form, jax.nn.dot_product_attention and the fused C++ kernel against plain dense attention."""
     config = ModelConfig(family="qwen3", vocab_size=64, hidden_size=32, intermediate_size=40, num_layers=2,
                          num_heads=4, num_kv_heads=2, head_dim=12)
     other = dataclasses.replace(config, attention_impl=impl, attention_block_size=block_size)

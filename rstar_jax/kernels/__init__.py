@@ -1,0 +1,1 @@
+"""Native kernels for XLA:CPU, compiled from source on first use and called through XLA's FFI (issue 12)."""

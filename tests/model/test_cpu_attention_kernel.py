@@ -1,0 +1,63 @@
+"""The fused XLA:CPU attention kernel (`rstar_jax.kernels`, issue 12) at the shapes its vectorised paths take: head
+dims 32, 64 and 128 (compiled for each) with grouped query heads, rows longer than one query and one key block, packed
+segments and padding, against the dense reference within 1e-5; and what it refuses."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from rstar_jax.kernels.build import cache_dir, load_kernel
+from rstar_jax.kernels.cpu_attention import SOURCE, cpu_fused_attention
+from rstar_jax.model.attention import grouped_attention
+from rstar_jax.model.segments import causal_segment_mask
+
+
+@pytest.mark.parametrize("head_dim", [32, 64, 128])
+def test_kernel_equals_dense_reference_with_gradients(head_dim):
+    rng = np.random.default_rng(head_dim)
+    batch, length, kv_heads, groups = 3, 150, 2, 2  # 150 tokens: 10 query blocks (the last partial), 3 key blocks
+    segments = np.ones((batch, length), np.int32)
+    segments[1, :40], segments[1, 40:90], segments[1, 90:] = 0, 1, 2  # left padding, then two packed sequences
+    segments[2, 100:] = 0  # right padding
+    segments = jnp.asarray(segments)
+    q = jnp.asarray(rng.normal(size=(batch, length, kv_heads, groups, head_dim)), jnp.float32)
+    k, v = (jnp.asarray(rng.normal(size=(batch, length, kv_heads, head_dim)), jnp.float32) for _ in range(2))
+    mask = causal_segment_mask(segments)
+    live = np.asarray(mask.any(axis=-1))
+    assert live.sum() == batch * length - 40
+    cotangent = jnp.asarray(rng.normal(size=q.shape) * live[:, :, None, None, None], jnp.float32)
+
+    def loss(fused, q, k, v):
+        out = cpu_fused_attention(q, k, v, segments) if fused else grouped_attention(q, k, v, mask)
+        return jnp.sum(out * cotangent), out
+
+    gradient = jax.jit(jax.value_and_grad(loss, argnums=(1, 2, 3), has_aux=True), static_argnums=0)
+    (_, expected), expected_grads = gradient(False, q, k, v)
+    (_, actual), actual_grads = gradient(True, q, k, v)
+    np.testing.assert_allclose(np.asarray(actual)[live], np.asarray(expected)[live], rtol=1e-5, atol=1e-5)
+    assert not np.asarray(actual)[~live].any()  # a query that reads no key gets 0
+    for name, got, want in zip("qkv", actual_grads, expected_grads):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5, err_msg=f"d{name}")
+
+
+def test_kernel_is_built_once_into_the_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("RSTAR_KERNEL_CACHE", str(tmp_path))
+    load_kernel.cache_clear()
+    try:
+        library = load_kernel(SOURCE)
+        built = list(tmp_path.glob("cpu_attention-*.so"))
+        assert cache_dir() == tmp_path and len(built) == 1 and library._name == str(built[0])
+        mtime = built[0].stat().st_mtime_ns
+        load_kernel.cache_clear()
+        load_kernel(SOURCE)
+        assert built[0].stat().st_mtime_ns == mtime and len(list(tmp_path.iterdir())) == 1
+    finally:
+        load_kernel.cache_clear()
+
+
+def test_kernel_refuses_other_dtypes():
+    q = jnp.zeros((1, 4, 1, 1, 32), jnp.bfloat16)
+    k = jnp.zeros((1, 4, 1, 32), jnp.bfloat16)
+    with pytest.raises(ValueError, match="computes in float32"):
+        cpu_fused_attention(q, k, k, jnp.ones((1, 4), jnp.int32))
