@@ -98,11 +98,14 @@ void Scores(const Shape& s, const float* __restrict queries, const float* __rest
   }
 }
 
+// kDim: the head dimension when known at compile time (the common 32, 64, 128), else 0 for any up to kMaxHeadDim.
+template <int64_t kDim>
 void ForwardPair(const Shape& s, const float* q, const float* k, const float* v, const int32_t* seg_all,
                  float scale, int64_t b, int64_t hk, float* out, float* lse) {
-  const int64_t dim = s.head_dim;
+  constexpr int64_t kCapacity = kDim ? kDim : kMaxHeadDim;
+  const int64_t dim = kDim ? kDim : s.head_dim;
   const int32_t* segments = seg_all + b * s.length;
-  std::vector<float> keys_t(dim * kKeyBlock), values(kKeyBlock * dim), queries(kQueryBlock * dim);
+  std::vector<float> keys_t(dim * kKeyBlock, 0.0f), values(kKeyBlock * dim, 0.0f), queries(kQueryBlock * dim);
   std::vector<float> scores(kQueryBlock * kKeyBlock), acc(kQueryBlock * dim);
   float row_max[kQueryBlock], row_sum[kQueryBlock];
   for (int64_t g = 0; g < s.groups(); ++g) {
@@ -136,14 +139,17 @@ void ForwardPair(const Shape& s, const float* q, const float* k, const float* v,
           row_sum[i] = row_sum[i] * rescale + block_sum;
           row_max[i] = new_max;
           float* acc_row = acc.data() + i * dim;
+          float weighted[kCapacity];  // the row's output accumulator, in registers for this key block
 #pragma omp simd
-          for (int64_t d = 0; d < dim; ++d) acc_row[d] *= rescale;
+          for (int64_t d = 0; d < dim; ++d) weighted[d] = acc_row[d] * rescale;
           for (int64_t j = 0; j < nk; ++j) {
             const float p = row[j];
-            const float* value = values.data() + j * dim;
+            const float* __restrict value = values.data() + j * dim;
 #pragma omp simd
-            for (int64_t d = 0; d < dim; ++d) acc_row[d] += p * value[d];
+            for (int64_t d = 0; d < dim; ++d) weighted[d] += p * value[d];
           }
+#pragma omp simd
+          for (int64_t d = 0; d < dim; ++d) acc_row[d] = weighted[d];
         }
       }
       for (int64_t i = 0; i < nq; ++i) {
@@ -157,7 +163,6 @@ void ForwardPair(const Shape& s, const float* q, const float* k, const float* v,
   }
 }
 
-// kDim: the head dimension when known at compile time (the common 32, 64, 128), else 0 for any up to kMaxHeadDim.
 template <int64_t kDim>
 void BackwardPair(const Shape& s, const float* q, const float* k, const float* v, const int32_t* seg_all,
                   const float* out, const float* lse, const float* d_out, float scale, int64_t b, int64_t hk,
@@ -165,8 +170,8 @@ void BackwardPair(const Shape& s, const float* q, const float* k, const float* v
   constexpr int64_t kCapacity = kDim ? kDim : kMaxHeadDim;
   const int64_t dim = kDim ? kDim : s.head_dim;
   const int32_t* segments = seg_all + b * s.length;
-  std::vector<float> keys_t(dim * kKeyBlock), values_t(dim * kKeyBlock), keys(kKeyBlock * dim);
-  std::vector<float> values(kKeyBlock * dim), queries(kQueryBlock * dim), grads(kQueryBlock * dim);
+  std::vector<float> keys_t(dim * kKeyBlock, 0.0f), values_t(dim * kKeyBlock, 0.0f), keys(kKeyBlock * dim);
+  std::vector<float> queries(kQueryBlock * dim), grads(kQueryBlock * dim);
   std::vector<float> probs(kQueryBlock * kKeyBlock), d_scores(kQueryBlock * kKeyBlock), d_q_acc(kQueryBlock * dim);
   float row_lse[kQueryBlock], row_term[kQueryBlock];
   bool row_reads[kQueryBlock];
@@ -191,11 +196,13 @@ void BackwardPair(const Shape& s, const float* q, const float* k, const float* v
       const int64_t key_end = q0 + nq;
       for (int64_t k0 = 0; k0 < key_end; k0 += kKeyBlock) {
         const int64_t nk = std::min(kKeyBlock, key_end - k0);
-        LoadKeyBlock(s, k, v, b, hk, k0, nk, keys_t.data(), values.data());
-        for (int64_t j = 0; j < nk; ++j) {
+        for (int64_t j = 0; j < nk; ++j) {  // keys both ways ([D, keys] for scores, [keys, D] for dQ), values [D, keys]
+          const float* key = k + s.kv_index(b, k0 + j, hk);
+          const float* value = v + s.kv_index(b, k0 + j, hk);
+          std::copy_n(key, dim, keys.data() + j * dim);
           for (int64_t d = 0; d < dim; ++d) {
-            keys[j * dim + d] = keys_t[d * kKeyBlock + j];
-            values_t[d * kKeyBlock + j] = values[j * dim + d];
+            keys_t[d * kKeyBlock + j] = key[d];
+            values_t[d * kKeyBlock + j] = value[d];
           }
         }
         Scores(s, queries.data(), keys_t.data(), segments, q0, nq, k0, nk, scale, probs.data());
@@ -288,9 +295,17 @@ ffi::Error Forward(ffi::Buffer<ffi::F32> q, ffi::Buffer<ffi::F32> k, ffi::Buffer
   const float *qp = q.typed_data(), *kp = k.typed_data(), *vp = v.typed_data();
   const int32_t* sp = segments.typed_data();
   float *op = out->typed_data(), *lp = lse->typed_data();
+  void (*pair)(const Shape&, const float*, const float*, const float*, const int32_t*, float, int64_t, int64_t,
+               float*, float*);
+  switch (s.head_dim) {
+    case 32: pair = ForwardPair<32>; break;
+    case 64: pair = ForwardPair<64>; break;
+    case 128: pair = ForwardPair<128>; break;
+    default: pair = ForwardPair<0>; break;
+  }
 #pragma omp parallel for collapse(2) schedule(dynamic)
   for (int64_t b = 0; b < s.batch; ++b) {
-    for (int64_t hk = 0; hk < s.kv_heads; ++hk) ForwardPair(s, qp, kp, vp, sp, scale, b, hk, op, lp);
+    for (int64_t hk = 0; hk < s.kv_heads; ++hk) pair(s, qp, kp, vp, sp, scale, b, hk, op, lp);
   }
   return ffi::Error::Success();
 }
