@@ -55,10 +55,6 @@ inline float ExpNonPositive(float x) {
   return x < -87.0f ? 0.0f : poly * __builtin_bit_cast(float, bits);
 }
 
-inline bool Allowed(int32_t query_segment, int32_t key_segment) {
-  return key_segment > 0 && (query_segment == key_segment || query_segment == 0);
-}
-
 // The key block [k0, k0 + nk) of head hk: keys transposed to [D, kKeyBlock] and values as [kKeyBlock, D].
 void LoadKeyBlock(const Shape& s, const float* k, const float* v, int64_t b, int64_t hk, int64_t k0, int64_t nk,
                   float* keys_t, float* values) {
@@ -78,6 +74,11 @@ void LoadKeyBlock(const Shape& s, const float* k, const float* v, int64_t b, int
 void Scores(const Shape& s, const float* __restrict queries, const float* __restrict keys_t,
             const int32_t* segments, int64_t q0, int64_t nq, int64_t k0, int64_t nk, float scale,
             float* __restrict scores) {
+  int32_t key_segments[kKeyBlock], key_positions[kKeyBlock];
+  for (int64_t j = 0; j < kKeyBlock; ++j) {
+    key_segments[j] = j < nk ? segments[k0 + j] : 0;  // keys past the block's end read as padding: masked
+    key_positions[j] = static_cast<int32_t>(k0 + j);
+  }
   for (int64_t i = 0; i < nq; ++i) {
     float* row = scores + i * kKeyBlock;
     float acc[kKeyBlock] = {};  // a register-resident row: 4 AVX-512 vectors
@@ -88,13 +89,14 @@ void Scores(const Shape& s, const float* __restrict queries, const float* __rest
 #pragma omp simd
       for (int64_t j = 0; j < kKeyBlock; ++j) acc[j] += qd * key_row[j];
     }
-    std::copy_n(acc, kKeyBlock, row);
-    const int64_t t = q0 + i;
-    for (int64_t j = 0; j < nk; ++j) {
-      const int64_t key = k0 + j;
-      row[j] = (key <= t && Allowed(segments[t], segments[key])) ? row[j] * scale : kNegInf;
+    const int32_t t = static_cast<int32_t>(q0 + i), query_segment = segments[q0 + i];
+#pragma omp simd
+    for (int64_t j = 0; j < kKeyBlock; ++j) {  // allowed_keys of segments.py, and causal
+      const int32_t key_segment = key_segments[j];
+      const bool allowed = key_positions[j] <= t && key_segment > 0 &&
+                           (key_segment == query_segment || query_segment == 0);
+      row[j] = allowed ? acc[j] * scale : kNegInf;
     }
-    for (int64_t j = nk; j < kKeyBlock; ++j) row[j] = kNegInf;
   }
 }
 
