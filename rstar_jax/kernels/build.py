@@ -35,13 +35,12 @@ def cache_dir() -> Path:
 
 
 def _cpu_model() -> str:
+    """The first CPU's model name and feature flags (what `-march=native` compiles for)."""
     try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith(("model name", "flags")):
-                return line
+        lines = Path("/proc/cpuinfo").read_text().split("\n\n")[0].splitlines()
     except OSError:
-        pass
-    return platform.processor() or platform.machine()
+        return platform.processor() or platform.machine()
+    return "\n".join(line for line in lines if line.startswith(("model name", "flags")))
 
 
 @functools.cache
