@@ -15,6 +15,7 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <type_traits>
 #include <vector>
 
 #include "xla/ffi/api/ffi.h"
@@ -55,16 +56,16 @@ inline float ExpNonPositive(float x) {
   return x < -87.0f ? 0.0f : poly * __builtin_bit_cast(float, bits);
 }
 
-// The key block [k0, k0 + nk) of head hk: keys transposed to [D, kKeyBlock] and values as [kKeyBlock, D].
-void LoadKeyBlock(const Shape& s, const float* k, const float* v, int64_t b, int64_t hk, int64_t k0, int64_t nk,
-                  float* keys_t, float* values) {
-  const int64_t d_count = s.head_dim;
+// Rows [k0, k0 + nk) of head hk of `src` ([B, T, Hk, D]: keys or values) as `rows` [kKeyBlock, D] and/or
+// transposed as `columns` [D, kKeyBlock]; either may be null.
+void LoadBlock(const Shape& s, const float* src, int64_t b, int64_t hk, int64_t k0, int64_t nk,
+               float* __restrict rows, float* __restrict columns) {
+  const int64_t dim = s.head_dim;
   for (int64_t j = 0; j < nk; ++j) {
-    const float* key = k + s.kv_index(b, k0 + j, hk);
-    const float* value = v + s.kv_index(b, k0 + j, hk);
-    for (int64_t d = 0; d < d_count; ++d) {
-      keys_t[d * kKeyBlock + j] = key[d];
-      values[j * d_count + d] = value[d];
+    const float* row = src + s.kv_index(b, k0 + j, hk);
+    if (rows != nullptr) std::copy_n(row, dim, rows + j * dim);
+    if (columns != nullptr) {
+      for (int64_t d = 0; d < dim; ++d) columns[d * kKeyBlock + j] = row[d];
     }
   }
 }
@@ -123,7 +124,8 @@ void ForwardPair(const Shape& s, const float* q, const float* k, const float* v,
       const int64_t key_end = q0 + nq;
       for (int64_t k0 = 0; k0 < key_end; k0 += kKeyBlock) {
         const int64_t nk = std::min(kKeyBlock, key_end - k0);
-        LoadKeyBlock(s, k, v, b, hk, k0, nk, keys_t.data(), values.data());
+        LoadBlock(s, k, b, hk, k0, nk, nullptr, keys_t.data());
+        LoadBlock(s, v, b, hk, k0, nk, values.data(), nullptr);
         Scores(s, queries.data(), keys_t.data(), segments, q0, nq, k0, nk, scale, scores.data());
         for (int64_t i = 0; i < nq; ++i) {
           float* row = scores.data() + i * kKeyBlock;
@@ -198,15 +200,9 @@ void BackwardPair(const Shape& s, const float* q, const float* k, const float* v
       const int64_t key_end = q0 + nq;
       for (int64_t k0 = 0; k0 < key_end; k0 += kKeyBlock) {
         const int64_t nk = std::min(kKeyBlock, key_end - k0);
-        for (int64_t j = 0; j < nk; ++j) {  // keys both ways ([D, keys] for scores, [keys, D] for dQ), values [D, keys]
-          const float* key = k + s.kv_index(b, k0 + j, hk);
-          const float* value = v + s.kv_index(b, k0 + j, hk);
-          std::copy_n(key, dim, keys.data() + j * dim);
-          for (int64_t d = 0; d < dim; ++d) {
-            keys_t[d * kKeyBlock + j] = key[d];
-            values_t[d * kKeyBlock + j] = value[d];
-          }
-        }
+        // Keys both ways ([D, keys] for the scores, [keys, D] for dQ), values as [D, keys] for dP.
+        LoadBlock(s, k, b, hk, k0, nk, keys.data(), keys_t.data());
+        LoadBlock(s, v, b, hk, k0, nk, nullptr, values_t.data());
         Scores(s, queries.data(), keys_t.data(), segments, q0, nq, k0, nk, scale, probs.data());
         for (int64_t i = 0; i < nq; ++i) {
           float* p_row = probs.data() + i * kKeyBlock;
@@ -273,6 +269,24 @@ void BackwardPair(const Shape& s, const float* q, const float* k, const float* v
   }
 }
 
+// Calls `call(dim, b, hk)` for every (batch row, key/value head) pair, in parallel; `dim` is a
+// std::integral_constant holding the head dimension when the kernel specialises it (32, 64, 128), else 0.
+template <typename Call>
+void ForEachPair(const Shape& s, Call call) {
+  auto run = [&](auto dim) {
+#pragma omp parallel for collapse(2) schedule(dynamic)
+    for (int64_t b = 0; b < s.batch; ++b) {
+      for (int64_t hk = 0; hk < s.kv_heads; ++hk) call(dim, b, hk);
+    }
+  };
+  switch (s.head_dim) {
+    case 32: return run(std::integral_constant<int64_t, 32>{});
+    case 64: return run(std::integral_constant<int64_t, 64>{});
+    case 128: return run(std::integral_constant<int64_t, 128>{});
+    default: return run(std::integral_constant<int64_t, 0>{});
+  }
+}
+
 ffi::Error CheckShapes(const ffi::Buffer<ffi::F32>& q, const ffi::Buffer<ffi::F32>& k,
                        const ffi::Buffer<ffi::F32>& v, const ffi::Buffer<ffi::S32>& segments, Shape* shape) {
   auto qd = q.dimensions(), kd = k.dimensions(), vd = v.dimensions(), sd = segments.dimensions();
@@ -297,18 +311,9 @@ ffi::Error Forward(ffi::Buffer<ffi::F32> q, ffi::Buffer<ffi::F32> k, ffi::Buffer
   const float *qp = q.typed_data(), *kp = k.typed_data(), *vp = v.typed_data();
   const int32_t* sp = segments.typed_data();
   float *op = out->typed_data(), *lp = lse->typed_data();
-  void (*pair)(const Shape&, const float*, const float*, const float*, const int32_t*, float, int64_t, int64_t,
-               float*, float*);
-  switch (s.head_dim) {
-    case 32: pair = ForwardPair<32>; break;
-    case 64: pair = ForwardPair<64>; break;
-    case 128: pair = ForwardPair<128>; break;
-    default: pair = ForwardPair<0>; break;
-  }
-#pragma omp parallel for collapse(2) schedule(dynamic)
-  for (int64_t b = 0; b < s.batch; ++b) {
-    for (int64_t hk = 0; hk < s.kv_heads; ++hk) pair(s, qp, kp, vp, sp, scale, b, hk, op, lp);
-  }
+  ForEachPair(s, [&](auto dim, int64_t b, int64_t hk) {
+    ForwardPair<decltype(dim)::value>(s, qp, kp, vp, sp, scale, b, hk, op, lp);
+  });
   return ffi::Error::Success();
 }
 
@@ -322,18 +327,9 @@ ffi::Error Backward(ffi::Buffer<ffi::F32> q, ffi::Buffer<ffi::F32> k, ffi::Buffe
   const float *lp = lse.typed_data(), *gp = d_out.typed_data();
   const int32_t* sp = segments.typed_data();
   float *dq = d_q->typed_data(), *dk = d_k->typed_data(), *dv = d_v->typed_data();
-  void (*pair)(const Shape&, const float*, const float*, const float*, const int32_t*, const float*, const float*,
-               const float*, float, int64_t, int64_t, float*, float*, float*);
-  switch (s.head_dim) {
-    case 32: pair = BackwardPair<32>; break;
-    case 64: pair = BackwardPair<64>; break;
-    case 128: pair = BackwardPair<128>; break;
-    default: pair = BackwardPair<0>; break;
-  }
-#pragma omp parallel for collapse(2) schedule(dynamic)
-  for (int64_t b = 0; b < s.batch; ++b) {
-    for (int64_t hk = 0; hk < s.kv_heads; ++hk) pair(s, qp, kp, vp, sp, op, lp, gp, scale, b, hk, dq, dk, dv);
-  }
+  ForEachPair(s, [&](auto dim, int64_t b, int64_t hk) {
+    BackwardPair<decltype(dim)::value>(s, qp, kp, vp, sp, op, lp, gp, scale, b, hk, dq, dk, dv);
+  });
   return ffi::Error::Success();
 }
 

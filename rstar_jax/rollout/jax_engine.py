@@ -2,11 +2,12 @@
 
 DESIGN: the embedded default `GenerationEngine`. A fixed number of slots share one KV cache of `max_len` tokens
 per slot. One background thread steps the model: between steps, waiting requests are prefilled into free slots
-and finished ones leave; each step feeds every running slot its pending token and samples the next, `decode_steps`
+(or, when a slot still holds the same prompt, e.g. another rollout of a GRPO group, copied from it) and finished
+ones leave; each step feeds every running slot its pending token and samples the next, `decode_steps`
 times in one device call (temperature, top-p, a per-request seed; `rstar_jax.rollout.sampling`). Callers
 `await generate(...)` from any number of asyncio tasks; the event loop never runs a jitted step. Prompts are padded
-to power-of-two buckets, so the engine compiles len(buckets) + 1 programs, all during warm-up, and nothing
-afterwards. New weights swap in between steps: every forward pass uses one parameter set. If the stepping thread
+to buckets and decode attends over windows, so the engine compiles len(buckets) + len(windows) + 1 programs, all
+during warm-up, and nothing afterwards. New weights swap in between steps: every forward pass uses one parameter set. If the stepping thread
 dies, every pending and later request gets `EngineUnavailable` instead of hanging.
 """
 
@@ -27,9 +28,9 @@ import numpy as np
 from rstar_jax.model import ModelConfig, init_cache, load_hf
 from rstar_jax.model.lm import Params
 from rstar_jax.rollout.engine import EngineCapacity, EngineUnavailable, Generation, SamplingParams
-from rstar_jax.rollout.jax_engine_slots import Request, SlotTable
-from rstar_jax.rollout.jax_engine_steps import (SMALLEST_DECODE_WINDOW, bucket_for, check_buckets, decode_and_sample,
-                                                power_of_two_buckets, prefill_and_sample)
+from rstar_jax.rollout.jax_engine_slots import PromptMemo, Request, SlotTable
+from rstar_jax.rollout.jax_engine_steps import (SMALLEST_DECODE_WINDOW, bucket_for, check_buckets, clone_and_sample,
+                                                decode_and_sample, power_of_two_buckets, prefill_and_sample)
 from rstar_jax.rollout.sampling import seed_words
 
 logger = logging.getLogger(__name__)
@@ -81,6 +82,10 @@ class JaxEngine:
         self._version = 0
         self._cache = jax.device_put(init_cache(config, slots, max_len), self._device)
         self._table = SlotTable(slots)
+        self._prompts = PromptMemo(slots)
+        self._weights_changed = False  # set by update_weights, cleared by the stepping thread as it forgets prompts
+        self.prefills = 0  # prompts run through the model, and prompts started from a copy of another slot
+        self.copies = 0
         self._waiting: collections.deque[Request] = collections.deque()
         self._seed_rng = np.random.default_rng(seed)
         self._cond = threading.Condition()
@@ -134,6 +139,7 @@ class JaxEngine:
         with self._cond:
             self._raise_if_down()
             self._params, self._version = prepared, version
+            self._weights_changed = True
 
     # ---- control ----------------------------------------------------------------------------------------------
 
@@ -152,7 +158,8 @@ class JaxEngine:
 
     def compiled_programs(self) -> dict[str, int]:
         """How many shapes each jitted step has compiled in this process (all engines): bounded by the buckets."""
-        return {"prefill": prefill_and_sample._cache_size(), "decode": decode_and_sample._cache_size()}
+        return {"prefill": prefill_and_sample._cache_size(), "decode": decode_and_sample._cache_size(),
+                "copy": clone_and_sample._cache_size()}
 
     def close(self) -> None:
         """Stop the stepping thread; requests not yet finished get EngineUnavailable. Idempotent."""
@@ -204,14 +211,30 @@ class JaxEngine:
                 self._table.release(slot)
 
     def _admit(self, request: Request) -> list[tuple[Request, str]]:
-        """Prefill `request` into a free slot and record its first token; [(request, reason)] if that ended it."""
+        """Start `request` in a free slot and record its first token; [(request, reason)] if that ended it.
+
+        The prompt is prefilled, or copied from a slot that holds it under the same weights (the same cache and
+        first token, bit for bit, for a copy instead of a forward pass)."""
         slot = self._table.free_slot()
-        length = len(request.prompt_ids)
-        ids = np.zeros(bucket_for(length, self.buckets), np.int32)
-        ids[:length] = request.prompt_ids
-        mask = (np.arange(ids.shape[0]) < length).astype(np.int32)
-        token, logprob = self._prefill(slot, ids, mask, request.sampling.temperature, request.sampling.top_p,
-                                       request.seed)
+        with self._cond:
+            params, weights_changed, self._weights_changed = self._params, self._weights_changed, False
+        if weights_changed:
+            self._prompts.forget()
+        prompt, sampling = request.prompt_ids, request.sampling
+        held = self._prompts.lookup(prompt)
+        if held is None:
+            ids = np.zeros(bucket_for(len(prompt), self.buckets), np.int32)
+            ids[:len(prompt)] = prompt
+            mask = (np.arange(ids.shape[0]) < len(prompt)).astype(np.int32)
+            token, logprob, logits = self._prefill(params, slot, ids, mask, sampling.temperature, sampling.top_p,
+                                                   request.seed)
+            self.prefills += 1
+        else:
+            source, logits = held
+            token, logprob = self._copy(source, slot, len(prompt), logits, sampling.temperature, sampling.top_p,
+                                        request.seed)
+            self.copies += 1
+        self._prompts.record(slot, prompt, logits)
         finish_reason = request.record(int(token), float(logprob), self.max_len)
         if finish_reason:
             return [(request, finish_reason)]
@@ -253,20 +276,33 @@ class JaxEngine:
                                                           steps=self.decode_steps, window=window)
         return jax.device_get((tokens, logprobs))
 
-    def _prefill(self, slot: int, ids: np.ndarray, mask: np.ndarray, temperature: float, top_p: float,
-                 seed: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Run the jitted prefill on host arrays of fixed dtypes (warm-up and admission share it: same programs)."""
-        with self._cond:
-            params = self._params
-        token, logprob, self._cache = prefill_and_sample(params, self.config, self._cache, np.int32(slot), ids, mask,
-                                                         np.float32(temperature), np.float32(top_p), seed)
+    def _prefill(self, params: Params, slot: int, ids: np.ndarray, mask: np.ndarray, temperature: float,
+                 top_p: float, seed: np.ndarray) -> tuple[np.ndarray, np.ndarray, jax.Array]:
+        """Run the jitted prefill on host arrays of fixed dtypes (warm-up and admission share it: same programs);
+        returns the first token, its log-prob and the logits (left on the device)."""
+        token, logprob, logits, self._cache = prefill_and_sample(params, self.config, self._cache, np.int32(slot),
+                                                                 ids, mask, np.float32(temperature),
+                                                                 np.float32(top_p), seed)
+        token, logprob = jax.device_get((token, logprob))
+        return token, logprob, logits
+
+    def _copy(self, source: int, slot: int, length: int, logits: jax.Array, temperature: float, top_p: float,
+              seed: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Run the jitted slot copy (warm-up and admission share it: same program); the first token and log-prob."""
+        token, logprob, self._cache = clone_and_sample(self._cache, np.int32(source), np.int32(slot), np.int32(length),
+                                                       logits, np.float32(temperature), np.float32(top_p), seed)
         return jax.device_get((token, logprob))
 
     def _warm_up(self) -> None:
-        """Compile every prefill bucket and decode window on empty inputs (all-padding prompts, no active slot)."""
+        """Compile every prefill bucket, decode window and the slot copy on empty inputs (all-padding prompts, no
+        active slot)."""
         seed = seed_words(0)
+        with self._cond:
+            params = self._params
         for bucket in self.buckets:
-            self._prefill(0, np.zeros(bucket, np.int32), np.zeros(bucket, np.int32), 1.0, 1.0, seed)
+            _, _, logits = self._prefill(params, 0, np.zeros(bucket, np.int32), np.zeros(bucket, np.int32), 1.0, 1.0,
+                                         seed)
+        self._copy(0, 0, 0, logits, 1.0, 1.0, seed)
         for window in self.decode_windows:
             self._decode_window_call(window)
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+from typing import Any
 
 import numpy as np
 
@@ -110,3 +111,38 @@ class SlotTable:
     def live_tokens(self) -> int:
         """KV tokens the running requests hold: the sum of their sequence lengths."""
         return sum(request.sequence_length for request in self.requests if request is not None)
+
+
+class PromptMemo:
+    """Which slot's cache begins with a given prompt, and the logits after it: each prompt is prefilled once.
+
+    A slot keeps a prompt's keys and values in its first len(prompt) positions until the next prefill or copy into
+    it (decoding only appends, and a released slot is left as it was), so a later request with the same prompt can
+    start from a copy of that slot. An entry holds for the weights it was computed with: `forget` drops them all.
+    """
+
+    def __init__(self, slots: int) -> None:
+        self._slot_prompts: list[bytes | None] = [None] * slots
+        self._entries: dict[bytes, tuple[int, Any]] = {}
+
+    def lookup(self, prompt_ids: np.ndarray) -> tuple[int, Any] | None:
+        """(slot holding the prompt, its logits), or None."""
+        return self._entries.get(prompt_ids.tobytes())
+
+    def record(self, slot: int, prompt_ids: np.ndarray, logits: Any) -> None:
+        """`slot` now begins with `prompt_ids`, followed by `logits`; whatever it held before is gone."""
+        previous = self._slot_prompts[slot]
+        if previous is not None and self._entries[previous][0] == slot:
+            others = [other for other, key in enumerate(self._slot_prompts) if key == previous and other != slot]
+            if others:
+                self._entries[previous] = (others[0], self._entries[previous][1])
+            else:
+                del self._entries[previous]
+        key = prompt_ids.tobytes()
+        self._slot_prompts[slot] = key
+        self._entries.setdefault(key, (slot, logits))
+
+    def forget(self) -> None:
+        """New weights: no cached prompt is valid any more."""
+        self._slot_prompts = [None] * len(self._slot_prompts)
+        self._entries.clear()

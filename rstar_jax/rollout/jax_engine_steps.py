@@ -1,10 +1,11 @@
 """The JAX engine's device work: the two jitted steps and the prompt-length buckets that bound their shapes.
 
 `prefill_and_sample` starts one request in one slot (the slot is a traced index) from its prompt padded to a
-bucket length; `decode_and_sample` feeds every slot its pending token and samples the next, a fixed number of
+bucket length; `clone_and_sample` starts one in a slot by copying the cache of another that holds the same prompt
+(the 2G rollouts of a GRPO group share their first prompt: one prefill serves them all); `decode_and_sample` feeds every slot its pending token and samples the next, a fixed number of
 times per call, attending over a window of the cache that covers the longest running sequence. Their shapes depend
-only on (slots, max_len, bucket or window, steps), so an engine compiles len(buckets) + len(windows) programs and
-nothing once warm
+only on (slots, max_len, bucket or window, steps), so an engine compiles len(buckets) + len(windows) + 1 programs
+and nothing once warm
 (DESIGN "Functional learner": shapes are bucketed so a step compiles a bounded number of times).
 """
 
@@ -62,14 +63,33 @@ def bucket_for(length: int, buckets: Sequence[int]) -> int:
 @functools.partial(jax.jit, static_argnames=("config",), donate_argnames=("cache",))
 def prefill_and_sample(params: Params, config: ModelConfig, cache: KVCache, slot: jax.Array, prompt_ids: jax.Array,
                        prompt_mask: jax.Array, temperature: jax.Array, top_p: jax.Array,
-                       seed: jax.Array) -> tuple[jax.Array, jax.Array, KVCache]:
+                       seed: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array, KVCache]:
     """Empty `slot`, cache the prompt (ids [T] right-padded, mask [T]) and sample the first new token.
 
-    Returns (token, its temperature-1 log-prob, the cache); the token is not cached yet (the next decode feeds it).
+    Returns (token, its temperature-1 log-prob, the logits [V] it was sampled from, the cache); the token is not
+    cached yet (the next decode feeds it).
     """
     logits, cache = prefill_slot(params, config, cache, slot, prompt_ids, prompt_mask, all_logits=False)
     position = jnp.sum(prompt_mask, dtype=jnp.int32)
     tokens, logprobs = sample_tokens(logits[None], temperature[None], top_p[None], seed[None], position[None])
+    return tokens[0], logprobs[0], logits, cache
+
+
+@functools.partial(jax.jit, donate_argnames=("cache",))
+def clone_and_sample(cache: KVCache, source: jax.Array, slot: jax.Array, length: jax.Array, logits: jax.Array,
+                     temperature: jax.Array, top_p: jax.Array, seed: jax.Array) -> tuple[jax.Array, jax.Array, KVCache]:
+    """Start `slot` with the first `length` cached tokens of `source` and sample its first new token from `logits`.
+
+    `source` must hold a prompt of `length` tokens (decoding since then only appended to it) and `logits` [V] must
+    be what its prefill returned: the cache and the sample are then exactly those `prefill_and_sample` would give
+    for the same prompt and seed, for a copy of one slot instead of a forward pass. Returns (token, log-prob, cache).
+    """
+    keys = jax.lax.dynamic_update_slice_in_dim(cache.keys, jax.lax.dynamic_slice_in_dim(cache.keys, source, 1, 1),
+                                               slot, axis=1)
+    values = jax.lax.dynamic_update_slice_in_dim(cache.values,
+                                                 jax.lax.dynamic_slice_in_dim(cache.values, source, 1, 1), slot, axis=1)
+    cache = KVCache(keys, values, cache.lengths.at[slot].set(length))
+    tokens, logprobs = sample_tokens(logits[None], temperature[None], top_p[None], seed[None], length[None])
     return tokens[0], logprobs[0], cache
 
 

@@ -151,6 +151,37 @@ def test_a_seeded_request_samples_the_same_whichever_slot_and_neighbours(engine)
     assert reseeded.token_ids != alone.token_ids
 
 
+def test_a_repeated_prompt_is_copied_from_its_slot_and_samples_what_a_prefill_would(engine, params, other_params):
+    # Six rollouts of one prompt (a GRPO group) on 4 slots, and one other prompt: 2 prefills, 5 copies. The last
+    # rollouts start after the first ones finished, copying a slot that decoded further or was released (and is
+    # the free slot they land in).
+    prompt, other = random_prompts([13, 21], seed=20)
+    budgets = [3, 9, 20, 14, 11, 6]
+    samplings = [SamplingParams(temperature=t, top_p=0.9, max_new_tokens=n, seed=30 + i)
+                 for i, (t, n) in enumerate(zip([1.0, 0.7, 1.0, 0.0, 1.0, 1.0], budgets))]
+    other_sampling = SamplingParams(temperature=1.0, max_new_tokens=10, seed=40)
+    before = (engine.prefills, engine.copies)
+    together = run(generate_all(engine, [prompt] * 6 + [other], samplings + [other_sampling]))
+    assert (engine.prefills - before[0], engine.copies - before[1]) == (2, 5)
+    assert len({g.token_ids for g in together[:6]}) == 6  # every rollout its own sample
+    # References: each request alone after a weight update, which makes the engine forget every cached prompt.
+    for generation, sampling in zip(together[:6], samplings):
+        run(engine.update_weights(params, 0))
+        prefills = engine.prefills
+        alone = run(engine.generate(prompt, sampling))
+        assert engine.prefills == prefills + 1
+        assert alone.token_ids == generation.token_ids
+        np.testing.assert_allclose(alone.logprobs, generation.logprobs, atol=1e-5)  # decode windows may differ
+    assert list(together[3].token_ids) == full_forward_greedy(params, [prompt], [14])[0]
+    # A prompt cached under the old weights is prefilled again under new ones.
+    try:
+        run(engine.update_weights(other_params, 1))
+        greedy = run(engine.generate(prompt, samplings[3]))
+        assert list(greedy.token_ids) == full_forward_greedy(other_params, [prompt], [14])[0]
+    finally:
+        run(engine.update_weights(params, 0))
+
+
 def test_a_stop_token_ends_the_turn_at_its_first_occurrence(engine, params):
     prompt = random_prompts([6], seed=4)[0]
     greedy = full_forward_greedy(params, [prompt], [20])[0]
@@ -270,6 +301,7 @@ def test_nothing_compiles_once_warm(engine, params):
     assert compiles == []
     assert engine.compiled_programs() == programs
     assert programs["prefill"] >= len(engine.buckets) == 3 and programs["decode"] >= len(engine.decode_windows) == 3
+    assert programs["copy"] >= 1
 
 
 def test_cancelled_requests_leave_and_the_engine_goes_on(engine):

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from rstar_jax.rollout.engine import SamplingParams
-from rstar_jax.rollout.jax_engine_slots import Request, SlotTable
+from rstar_jax.rollout.jax_engine_slots import PromptMemo, Request, SlotTable
 from rstar_jax.rollout.jax_engine_steps import bucket_for, check_buckets, power_of_two_buckets
 from rstar_jax.rollout.sampling import nucleus_mask, sample_tokens, seed_words
 
@@ -154,3 +154,23 @@ def test_slot_table_tracks_decode_inputs_and_live_tokens():
         table.occupy(0, request, 1)
     table.release(0)
     assert table.running == 0 and table.live_tokens() == 0 and table.occupied() == []
+
+
+def test_prompt_memo_points_at_a_slot_that_still_begins_with_the_prompt():
+    memo = PromptMemo(slots=3)
+    first, second = np.array([5, 6, 7], np.int32), np.array([5, 6], np.int32)
+    assert memo.lookup(first) is None
+    memo.record(0, first, "logits of first")
+    memo.record(1, first, "logits of first")  # a copy: the entry keeps its first slot
+    memo.record(2, second, "logits of second")
+    assert memo.lookup(first) == (0, "logits of first")
+    assert memo.lookup(second) == (2, "logits of second")  # a prefix is a different prompt
+    memo.record(0, second, "logits of second")  # slot 0 overwritten: the first prompt lives on in slot 1
+    assert memo.lookup(first) == (1, "logits of first")
+    memo.record(1, second, "logits of second")  # and now nowhere
+    assert memo.lookup(first) is None
+    assert memo.lookup(second) == (2, "logits of second")
+    memo.forget()
+    assert memo.lookup(second) is None
+    memo.record(2, first, "new logits")
+    assert memo.lookup(first) == (2, "new logits")
