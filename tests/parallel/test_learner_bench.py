@@ -138,7 +138,7 @@ def test_end_to_end_run_writes_every_figure(tmp_path, capsys, clean_gin):
             config["steps"][f"jax {step}"]["tokens_per_s"] / config["steps"][f"torch {step}"]["tokens_per_s"])
     assert set(config["jax_loss_profile_ms"]) >= {"matmul: layer projections and MLP"}
     dense = config["variants"]["dense"]
-    assert dense["model"]["attention_impl"] == "dense" and config["model"]["attention_impl"] == "causal_blockwise"
+    assert dense["model"]["attention_impl"] == "dense" and config["model"]["attention_impl"] == "cpu_fused"
     assert abs(config["steps"]["jax loss [dense]"]["loss"] - config["steps"]["jax loss"]["loss"]) < 1e-5
     assert dense["step_time_vs_default"] == pytest.approx(
         config["steps"]["jax loss [dense]"]["median_step_s"] / config["steps"]["jax loss"]["median_step_s"])
