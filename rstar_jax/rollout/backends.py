@@ -68,8 +68,8 @@ class RolloutBackend:
     backend "jax": `jax_engines` in-process engines of `slots` x `max_len` tokens each. backend "vllm":
     `vllm_servers` servers launched on WORK_DIR/serving_model (flags from gin `server_command` / `server_env`; on a CPU
     box each pinned to its `vllm_per_server_cpus` entry), or the servers at `vllm_urls`, which are sent the weights
-    first. `router`: "failover" or "balancer" (see the module docstring; with JAX engines, which keep no prefix
-    cache, bind `Balancer.part_tokens = None`).
+    first. `router`: "failover" or "balancer" (see the module docstring; with JAX engines, which reuse a whole
+    prompt still held in a slot but no shorter prefix, bind `Balancer.part_tokens = None`).
     """
 
     backend: str = "jax"

@@ -3,12 +3,12 @@
 DESIGN: the embedded default `GenerationEngine`. A fixed number of slots share one KV cache of `max_len` tokens
 per slot. One background thread steps the model: between steps, waiting requests are prefilled into free slots
 (or, when a slot still holds the same prompt, e.g. another rollout of a GRPO group, copied from it) and finished
-ones leave; each step feeds every running slot its pending token and samples the next, `decode_steps`
-times in one device call (temperature, top-p, a per-request seed; `rstar_jax.rollout.sampling`). Callers
-`await generate(...)` from any number of asyncio tasks; the event loop never runs a jitted step. Prompts are padded
-to buckets and decode attends over windows, so the engine compiles len(buckets) + len(windows) + 1 programs, all
-during warm-up, and nothing afterwards. New weights swap in between steps: every forward pass uses one parameter set. If the stepping thread
-dies, every pending and later request gets `EngineUnavailable` instead of hanging.
+ones leave; each step feeds every running slot its pending token and samples the next, `decode_steps` times in one
+device call (temperature, top-p, a per-request seed; `rstar_jax.rollout.sampling`). Callers `await generate(...)`
+from any number of asyncio tasks; the event loop never runs a jitted step. Prompts are padded to buckets and decode
+attends over windows, so the engine compiles len(buckets) + len(windows) + 1 programs, all during warm-up, and
+nothing afterwards. New weights swap in between steps: every forward pass uses one parameter set. If the stepping
+thread dies, every pending and later request gets `EngineUnavailable` instead of hanging.
 """
 
 from __future__ import annotations

@@ -1,12 +1,12 @@
-"""The JAX engine's device work: the two jitted steps and the prompt-length buckets that bound their shapes.
+"""The JAX engine's device work: its three jitted steps and the prompt-length buckets that bound their shapes.
 
 `prefill_and_sample` starts one request in one slot (the slot is a traced index) from its prompt padded to a
 bucket length; `clone_and_sample` starts one in a slot by copying the cache of another that holds the same prompt
-(the 2G rollouts of a GRPO group share their first prompt: one prefill serves them all); `decode_and_sample` feeds every slot its pending token and samples the next, a fixed number of
-times per call, attending over a window of the cache that covers the longest running sequence. Their shapes depend
-only on (slots, max_len, bucket or window, steps), so an engine compiles len(buckets) + len(windows) + 1 programs
-and nothing once warm
-(DESIGN "Functional learner": shapes are bucketed so a step compiles a bounded number of times).
+(the 2G rollouts of a GRPO group share their first prompt: one prefill serves them all); `decode_and_sample` feeds
+every slot its pending token and samples the next, a fixed number of times per call, attending over a window of the
+cache that covers the longest running sequence. Their shapes depend only on (slots, max_len, bucket or window,
+steps), so an engine compiles len(buckets) + len(windows) + 1 programs and nothing once warm (DESIGN "Functional
+learner": shapes are bucketed so a step compiles a bounded number of times).
 """
 
 from __future__ import annotations

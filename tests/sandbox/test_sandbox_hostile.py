@@ -101,12 +101,15 @@ HOSTILE = {
         {"ok"},
         "",
     ),
+    # Files of 15 MiB, under the 32 MiB file-size limit, and 60 MiB a folder, under each 64 MiB tmpfs: only the
+    # memory budget can stop this (one 63 MiB file raced the file-size limit and once hit it first).
     "temp files beyond a small memory budget": (
         "chunk = b'1' * 2**20\n"
         "for d in ('/tmp', '/dev/shm', '/var/tmp'):\n"
-        "    with open(d + '/big', 'wb') as f:\n"
-        "        for _ in range(63):\n"
-        "            f.write(chunk)",
+        "    for part in range(4):\n"
+        "        with open(f'{d}/big{part}', 'wb') as f:\n"
+        "            for _ in range(15):\n"
+        "                f.write(chunk)",
         {"memory_mb": 32},
         {"memory_exceeded"},
         "",
