@@ -4,7 +4,9 @@ Issue 12: on XLA:CPU the training attention is a chain of small batched dots, ma
 read and write every score; `cpu_attention.cc` computes it as FlashAttention-2 does (per query block: scores,
 online softmax and the weighted values in one pass over the keys, never storing a [T, T] array; the backward pass
 recomputes the probabilities from the saved log-sum-exp). Float32, one device: the call has no partitioning rule,
-so under a sharded mesh XLA would gather its operands (use the XLA implementations there).
+so under a sharded mesh XLA would gather its operands (use the XLA implementations there). The forward pass names
+its output and log-sum-exp (`RESIDUAL_NAMES`) so a remat policy can keep them instead of running the forward call
+again inside the backward pass (`ModelConfig.remat_policy = 'dots_attention_saveable'` does).
 """
 
 from __future__ import annotations
@@ -15,11 +17,13 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.ad_checkpoint import checkpoint_name
 
 from rstar_jax.kernels.build import load_kernel
 
 SOURCE = Path(__file__).with_name("cpu_attention.cc")
 _FORWARD, _BACKWARD = "rstar_cpu_attention_forward", "rstar_cpu_attention_backward"
+RESIDUAL_NAMES = ("cpu_attention_output", "cpu_attention_log_normaliser")
 
 
 @functools.cache
@@ -58,7 +62,8 @@ def _fused(q: jax.Array, k: jax.Array, v: jax.Array, segment_ids: jax.Array) -> 
 
 def _fused_fwd(q: jax.Array, k: jax.Array, v: jax.Array,
                segment_ids: jax.Array) -> tuple[jax.Array, tuple[jax.Array, ...]]:
-    out, log_normaliser = _forward_call(q, k, v, segment_ids)
+    out, log_normaliser = (checkpoint_name(x, name) for x, name in zip(_forward_call(q, k, v, segment_ids),
+                                                                       RESIDUAL_NAMES))
     return out, (q, k, v, segment_ids, out, log_normaliser)
 
 

@@ -15,7 +15,7 @@ import jax.numpy as jnp
 
 FAMILIES: tuple[str, ...] = ("qwen2", "qwen3")
 DTYPES: dict[str, Any] = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
-REMAT_POLICIES: tuple[str, ...] = ("none", "full", "dots_saveable")
+REMAT_POLICIES: tuple[str, ...] = ("none", "full", "dots_saveable", "dots_attention_saveable")
 ATTENTION_IMPLS: tuple[str, ...] = ("dense", "causal_blockwise", "dot_product", "cpu_fused")
 PRECISIONS: dict[str, jax.lax.Precision] = {"default": jax.lax.Precision.DEFAULT, "high": jax.lax.Precision.HIGH,
                                             "highest": jax.lax.Precision.HIGHEST}
@@ -32,7 +32,8 @@ class ModelConfig:
     `head_dim` None means hidden_size // num_heads; `qkv_bias` / `qk_norm` None mean the family's default
     (Qwen2: q/k/v bias, no q/k norm; Qwen3: q/k norm, no bias). `o_bias` is Qwen3's `attention_bias` on o_proj.
     `remat_policy` only affects training memory and time (none; full: each layer recomputed in the backward pass;
-    dots_saveable: only matmul outputs kept, the rest recomputed; see `backbone`), never the numbers.
+    dots_saveable: only matmul outputs kept, the rest recomputed; dots_attention_saveable: also the fused CPU
+    attention's output; see `backbone`), never the numbers beyond float rounding.
     `matmul_precision` is XLA's precision for float32 matmuls: "default" lets GPUs/TPUs use reduced-precision
     passes (TF32, bf16), "highest" gives full float32 (what transformers parity at 1e-4 needs on those devices;
     CPU is always full precision). `attention_impl` picks the training attention (issue 12; every one gives the

@@ -31,6 +31,7 @@ split; D head_dim; L layers; c compute-dtype bytes; B the attention block; C tok
   saved across layers  L x N x s x c, with s by ModelConfig.remat_policy:
       full           s = E                                  (only each layer's input; the layer is recomputed)
       dots_saveable  s = 3E + (2H + 2K)D + 2I               (matmul outputs: q, k, v, attention, o, gate, up, down)
+      dots_attention_saveable                               (the same: the fused CPU attention's output kept too)
       none           s = 5E + (3H + 3K)D + 3I               (everything a layer makes)
   one layer        N x (5E + (3H + 3K)D + 3I) x c        (the layer being recomputed and differentiated)
   attention        2 x b x H x T x B x 4                 (a block's f32 scores and probabilities; causal_blockwise,
@@ -85,6 +86,7 @@ def _per_token(d: LocalDims, policy: str) -> int:
     e, hd, kd, i = d.embed, d.heads * d.head_dim, d.kv_heads * d.head_dim, d.mlp
     return {"full": e,
             "dots_saveable": 3 * e + 2 * hd + 2 * kd + 2 * i,
+            "dots_attention_saveable": 3 * e + 2 * hd + 2 * kd + 2 * i,
             "none": 5 * e + 3 * hd + 3 * kd + 3 * i,
             "layer": 5 * e + 3 * hd + 3 * kd + 3 * i}[policy]
 

@@ -1,6 +1,7 @@
 """The fused XLA:CPU attention kernel (`rstar_jax.kernels`, issue 12) at the shapes its vectorised paths take: head
 dims 32, 64 and 128 (compiled for each) with grouped query heads, rows longer than one query and one key block, packed
-segments and padding, against the dense reference within 1e-5; and what it refuses."""
+segments and padding, against the dense reference within 1e-5; what it refuses; and that remat policy
+'dots_attention_saveable' keeps its forward output instead of calling it again in the backward pass."""
 
 import jax
 import jax.numpy as jnp
@@ -9,6 +10,7 @@ import pytest
 
 from rstar_jax.kernels.build import cache_dir, load_kernel
 from rstar_jax.kernels.cpu_attention import SOURCE, cpu_fused_attention
+from rstar_jax.model import ModelConfig, forward, init_params, positions_from_mask
 from rstar_jax.model.attention import grouped_attention
 from rstar_jax.model.segments import causal_segment_mask
 
@@ -61,3 +63,18 @@ def test_kernel_refuses_other_dtypes():
     k = jnp.zeros((1, 4, 1, 32), jnp.bfloat16)
     with pytest.raises(ValueError, match="computes in float32"):
         cpu_fused_attention(q, k, k, jnp.ones((1, 4), jnp.int32))
+
+
+@pytest.mark.parametrize("policy, forward_calls", [("dots_attention_saveable", 1), ("dots_saveable", 2), ("full", 2)])
+def test_dots_attention_saveable_keeps_the_kernels_output_instead_of_calling_it_again(policy, forward_calls):
+    # The layer body of the gradient program: the forward call once, plus once more where remat recomputes it.
+    config = ModelConfig(vocab_size=128, hidden_size=64, intermediate_size=96, num_layers=2, num_heads=2,
+                         num_kv_heads=2, head_dim=32, attention_impl="cpu_fused", remat_policy=policy)
+    params = init_params(config, jax.random.key(0))
+    ids = jnp.ones((2, 32), jnp.int32)
+    mask = jnp.ones((2, 32), jnp.int32)
+    positions = positions_from_mask(mask)
+    gradient = jax.jit(jax.grad(lambda p: forward(p, config, ids, positions, mask).sum()))
+    program = gradient.lower(params).compile().as_text()
+    assert program.count("rstar_cpu_attention_forward") == forward_calls
+    assert program.count("rstar_cpu_attention_backward") == 1
