@@ -70,9 +70,8 @@ def prefill_and_sample(params: Params, config: ModelConfig, cache: KVCache, slot
     cached yet (the next decode feeds it).
     """
     logits, cache = prefill_slot(params, config, cache, slot, prompt_ids, prompt_mask, all_logits=False)
-    position = jnp.sum(prompt_mask, dtype=jnp.int32)
-    tokens, logprobs = sample_tokens(logits[None], temperature[None], top_p[None], seed[None], position[None])
-    return tokens[0], logprobs[0], logits, cache
+    token, logprob = _sample_one(logits, temperature, top_p, seed, jnp.sum(prompt_mask, dtype=jnp.int32))
+    return token, logprob, logits, cache
 
 
 @functools.partial(jax.jit, donate_argnames=("cache",))
@@ -84,13 +83,20 @@ def clone_and_sample(cache: KVCache, source: jax.Array, slot: jax.Array, length:
     be what its prefill returned: the cache and the sample are then exactly those `prefill_and_sample` would give
     for the same prompt and seed, for a copy of one slot instead of a forward pass. Returns (token, log-prob, cache).
     """
-    keys = jax.lax.dynamic_update_slice_in_dim(cache.keys, jax.lax.dynamic_slice_in_dim(cache.keys, source, 1, 1),
-                                               slot, axis=1)
-    values = jax.lax.dynamic_update_slice_in_dim(cache.values,
-                                                 jax.lax.dynamic_slice_in_dim(cache.values, source, 1, 1), slot, axis=1)
-    cache = KVCache(keys, values, cache.lengths.at[slot].set(length))
-    tokens, logprobs = sample_tokens(logits[None], temperature[None], top_p[None], seed[None], length[None])
-    return tokens[0], logprobs[0], cache
+    def copy_row(stacked: jax.Array) -> jax.Array:  # [L, B, ...]: slot's row becomes source's
+        return jax.lax.dynamic_update_slice_in_dim(stacked, jax.lax.dynamic_slice_in_dim(stacked, source, 1, 1),
+                                                   slot, axis=1)
+
+    cache = KVCache(copy_row(cache.keys), copy_row(cache.values), cache.lengths.at[slot].set(length))
+    token, logprob = _sample_one(logits, temperature, top_p, seed, length)
+    return token, logprob, cache
+
+
+def _sample_one(logits: jax.Array, temperature: jax.Array, top_p: jax.Array, seed: jax.Array,
+                position: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """`sample_tokens` for one request: logits [V] -> (token, its temperature-1 log-prob)."""
+    tokens, logprobs = sample_tokens(logits[None], temperature[None], top_p[None], seed[None], position[None])
+    return tokens[0], logprobs[0]
 
 
 @functools.partial(jax.jit, static_argnames=("config", "steps", "window"), donate_argnames=("cache",))

@@ -84,11 +84,9 @@ def local_dims(config: ModelConfig, mesh: AbstractMesh, rows: int, length: int) 
 def _per_token(d: LocalDims, policy: str) -> int:
     """Elements per token per layer: what `policy` keeps across layers ("layer": one layer's whole working set)."""
     e, hd, kd, i = d.embed, d.heads * d.head_dim, d.kv_heads * d.head_dim, d.mlp
-    return {"full": e,
-            "dots_saveable": 3 * e + 2 * hd + 2 * kd + 2 * i,
-            "dots_attention_saveable": 3 * e + 2 * hd + 2 * kd + 2 * i,
-            "none": 5 * e + 3 * hd + 3 * kd + 3 * i,
-            "layer": 5 * e + 3 * hd + 3 * kd + 3 * i}[policy]
+    dots, everything = 3 * e + 2 * hd + 2 * kd + 2 * i, 5 * e + 3 * hd + 3 * kd + 3 * i
+    return {"full": e, "dots_saveable": dots, "dots_attention_saveable": dots, "none": everything,
+            "layer": everything}[policy]
 
 
 def attention_block(config: ModelConfig, length: int) -> int:
