@@ -1,10 +1,16 @@
 """SFT transcripts for the synthetic tool tasks, run against the real sandbox (issue 4.5; SPEC sections 2 and 5).
 
 Each transcript is a chat in the agent format: the model calls the Python tool, reads the sandbox's real output and
-writes the boxed answer inside `<answer>`. A set fraction first make a faulty call (a syntax or name error), read
-the real error and fix it with a second call, so RL starts with tool errors for GRPO-RoC to remove. Token ids and
-loss mask come from the `TrajectoryBuilder` (mask 1 on assistant tokens only). Which tasks are faulty and every
-written word are decided by the seed, so the same seed and the same tool outputs give the same ids.
+writes the boxed answer inside `<answer>`. A set fraction make a faulty call first, so RL starts with tool errors for
+GRPO-RoC to remove. The faults (`sft_transcripts.fault_kinds`):
+- "syntax", "name": the program's final print is broken, so nothing is printed; the transcript reads the real error
+  and fixes it with a second call (which copies the question's numbers again: a costly error for a tiny model);
+- "trailing": a line after the answer's print raises (a NameError, ZeroDivisionError or TypeError), so the call
+  fails but its stdout already holds the answer and the transcript answers from it without a second call. Harmless
+  to the outcome by construction: an outcome-only reward has no reason to remove it, a quality-aware one (GRPO-RoC,
+  penalty rewards) does, the setting of SPEC 4's Figure 4 (issue 11).
+Token ids and loss mask come from the `TrajectoryBuilder` (mask 1 on assistant tokens only). Which tasks are faulty
+and every written word are decided by the seed, so the same seed and the same tool outputs give the same ids.
 """
 
 from __future__ import annotations
@@ -31,6 +37,9 @@ _FAULTY_FINAL_LINES = {
     "syntax": ("print(result", "print result"),
     "name": ("print(answer)", "print(reslt)"),
 }
+TRAILING_FAULT = "trailing"
+_TRAILING_LINES = ("print(reslt)", "print(result / 0)", "print(result + '')")
+FAULT_KINDS = (*sorted(_FAULTY_FINAL_LINES), TRAILING_FAULT)
 INTROS = (  # the first assistant turn's reason, one chosen per transcript (and per copy drill)
     "Doing this by hand is error-prone, so I compute it exactly with Python.",
     "I will let Python do the exact arithmetic.",
@@ -49,10 +58,18 @@ class SolutionPlan:
     faulty_code: str | None
 
     @property
+    def answers_from_faulty_call(self) -> bool:
+        """Whether the faulty call's stdout already holds the answer (a trailing fault): no second call."""
+        return self.fault == TRAILING_FAULT
+
+    @property
     def programs(self) -> tuple[str, ...]:
         """The programs the transcript sends to the tool, in order."""
-        first = () if self.faulty_code is None else (self.faulty_code,)
-        return first + (self.task.solution_code,)
+        if self.faulty_code is None:
+            return (self.task.solution_code,)
+        if self.answers_from_faulty_call:
+            return (self.faulty_code,)
+        return self.faulty_code, self.task.solution_code
 
 
 @dataclass(frozen=True)
@@ -68,25 +85,36 @@ class SandboxMismatchError(RuntimeError):
     """The tool's real output contradicts what a transcript needs (a correct program failed, or a faulty one ran)."""
 
 
+def _check_fault_kinds(fault_kinds: Sequence[str]) -> None:
+    unknown = set(fault_kinds) - set(FAULT_KINDS)
+    if not fault_kinds or unknown:
+        raise ValueError(f"unknown or no fault kinds {sorted(unknown) or list(fault_kinds)}; choose from {FAULT_KINDS}")
+
+
 def faulty_version(code: str, fault: str, rng: random.Random) -> str:
-    """`code` with its final print broken so Python raises a SyntaxError ("syntax") or NameError ("name")."""
-    if fault not in _FAULTY_FINAL_LINES:
-        raise ValueError(f"unknown fault {fault!r}; choose from {tuple(_FAULTY_FINAL_LINES)}")
+    """`code` broken on purpose: its final print made a SyntaxError ("syntax") or NameError ("name"), or a line
+    that raises added after it ("trailing": the answer is printed first)."""
+    _check_fault_kinds((fault,))
     if not code.endswith(_FINAL_LINE):
         raise ValueError(f"a solution program must end with {_FINAL_LINE!r} to be broken on purpose: {code!r}")
+    if fault == TRAILING_FAULT:
+        return f"{code}\n{rng.choice(_TRAILING_LINES)}"
     return code[: -len(_FINAL_LINE)] + rng.choice(_FAULTY_FINAL_LINES[fault])
 
 
-def plan_solutions(tasks: Sequence[SyntheticTask], seed: int, faulty_fraction: float) -> list[SolutionPlan]:
-    """A plan per task; exactly round(faulty_fraction * len(tasks)) of them, chosen by the seed, start faulty."""
+def plan_solutions(tasks: Sequence[SyntheticTask], seed: int, faulty_fraction: float,
+                   fault_kinds: Sequence[str] = ("name", "syntax")) -> list[SolutionPlan]:
+    """A plan per task; exactly round(faulty_fraction * len(tasks)) of them, chosen by the seed, start faulty, each
+    with a fault drawn from `fault_kinds`."""
     if not 0.0 <= faulty_fraction <= 1.0:
         raise ValueError(f"faulty_fraction must be within [0, 1], got {faulty_fraction}")
+    _check_fault_kinds(fault_kinds)
     rng = random.Random(f"sft:{seed}")
     faulty = set(rng.sample(range(len(tasks)), round(faulty_fraction * len(tasks))))
     plans = []
     for index, task in enumerate(tasks):
         intro = rng.choice(INTROS)
-        fault = rng.choice(sorted(_FAULTY_FINAL_LINES))
+        fault = rng.choice(sorted(fault_kinds))
         if index in faulty:
             plans.append(SolutionPlan(task, intro, fault, faulty_version(task.solution_code, fault, rng)))
         else:
@@ -103,14 +131,15 @@ def _error_name(outcome: ToolOutcome) -> str:
 
 
 def _check_outcomes(plan: SolutionPlan, outcomes: Sequence[ToolOutcome]) -> None:
-    """Raise SandboxMismatchError unless the faulty program failed and the solution printed the answer."""
+    """Raise SandboxMismatchError unless the faulty program failed and the last program printed the answer (and
+    succeeded, unless it is a trailing fault's)."""
     if len(outcomes) != len(plan.programs):
         raise ValueError(f"plan runs {len(plan.programs)} programs but {len(outcomes)} outcomes were given")
     problem = plan.task.problem
     if plan.faulty_code is not None and outcomes[0].ok:
         raise SandboxMismatchError(f"{problem.id}: the faulty program ran without error: {plan.faulty_code!r}")
     final = outcomes[-1]
-    if not final.ok or final.stdout.strip() != problem.answer:
+    if (not final.ok and not plan.answers_from_faulty_call) or final.stdout.strip() != problem.answer:
         raise SandboxMismatchError(
             f"{problem.id}: the solution program gave status {final.status!r}, stdout {final.stdout!r:.200}, "
             f"stderr {final.stderr!r:.200}; expected stdout {problem.answer!r}"
@@ -152,7 +181,7 @@ def assistant_turns(plan: SolutionPlan, outcomes: Sequence[ToolOutcome]) -> list
     _check_outcomes(plan, outcomes)
     calls = [ToolCall(code=code) for code in plan.programs]
     turns = [AssistantTurn(f"<reason>{plan.intro}</reason>", calls[0])]
-    if plan.faulty_code is not None:
+    if len(plan.programs) == 2:
         fix = f"The program failed with {_error_name(outcomes[0])}. I fix the code and run it again."
         turns.append(AssistantTurn(f"<reason>{fix}</reason>", calls[1]))
     value = outcomes[-1].stdout.strip()
@@ -199,15 +228,17 @@ async def sft_transcripts(
     tokenizer: PreTrainedTokenizerBase,
     seed: int = 0,
     faulty_fraction: float = 0.25,
+    fault_kinds: Sequence[str] = ("name", "syntax"),
     max_concurrency: int = 8,
 ) -> list[SftTranscript]:
-    """SFT transcripts for `tasks`, in order, with the tool's real outputs (issue 4.5).
+    """SFT transcripts for `tasks`, in order, with the tool's real outputs (issue 4.5); `faulty_fraction` of them
+    start with a fault drawn from `fault_kinds` (the module docstring says what each does).
 
     Raises SandboxMismatchError when the tool's output contradicts a task's reference answer.
     """
     if max_concurrency < 1:
         raise ValueError(f"max_concurrency must be >= 1, got {max_concurrency}")
-    plans = plan_solutions(tasks, seed, faulty_fraction)
+    plans = plan_solutions(tasks, seed, faulty_fraction, fault_kinds)
     limit = asyncio.Semaphore(max_concurrency)
 
     async def one(plan: SolutionPlan) -> SftTranscript:

@@ -41,32 +41,36 @@ class TrainingSequence:
 
 @gin.configurable
 def sandbox_transcripts(count: int, seed: int, tokenizer: PreTrainedTokenizerBase, faulty_fraction: float,
-                        server_args: Sequence[str] = ("--workers", "2")) -> list[SftTranscript]:
+                        fault_kinds: Sequence[str], server_args: Sequence[str] = ("--workers", "2")
+                        ) -> list[SftTranscript]:
     """`count` synthetic-task transcripts (tasks and plans drawn from `seed`, `faulty_fraction` of them starting
-    with a faulty call) with the outputs of a real sandbox server, started for the duration of the call with
-    `server_args` (e.g. its worker count)."""
+    with a faulty call of one of `fault_kinds`) with the outputs of a real sandbox server, started for the duration
+    of the call with `server_args` (e.g. its worker count)."""
 
     async def generate(url: str) -> list[SftTranscript]:
         async with SandboxClient([url]) as client:
             return await sft_transcripts(synthetic_tasks(count, seed=seed, split="train"), client, tokenizer,
-                                         seed=seed, faulty_fraction=faulty_fraction)
+                                         seed=seed, faulty_fraction=faulty_fraction, fault_kinds=fault_kinds)
 
     with running_server(tuple(server_args)) as server:
         return asyncio.run(generate(server.url))
 
 
-def configured_faulty_fraction() -> float:
-    """The share of transcripts that start with a faulty call: `sft_transcripts.faulty_fraction` as gin binds it,
-    else that function's default."""
-    default = inspect.signature(sft_transcripts).parameters["faulty_fraction"].default
-    return gin.get_bindings(sft_transcripts).get("faulty_fraction", default)
+def configured_faults() -> tuple[float, tuple[str, ...]]:
+    """The share of transcripts that start with a faulty call and the kinds of fault: `sft_transcripts`'
+    `faulty_fraction` and `fault_kinds` as gin binds them, else that function's defaults."""
+    parameters, bindings = inspect.signature(sft_transcripts).parameters, gin.get_bindings(sft_transcripts)
+    fraction, kinds = (bindings.get(name, parameters[name].default) for name in ("faulty_fraction", "fault_kinds"))
+    return fraction, tuple(kinds)
 
 
-def cache_key(count: int, seed: int, tokenizer: PreTrainedTokenizerBase, faulty_fraction: float) -> dict[str, Any]:
-    """What decides a transcript set's ids: count, seed, the training split, the share of faulty first calls, the
-    prompt rendering (system prompt, tokenizer) and the tool-response layout."""
+def cache_key(count: int, seed: int, tokenizer: PreTrainedTokenizerBase, faulty_fraction: float,
+              fault_kinds: Sequence[str]) -> dict[str, Any]:
+    """What decides a transcript set's ids: count, seed, the training split, the share and kinds of faulty first
+    calls, the prompt rendering (system prompt, tokenizer) and the tool-response layout."""
     probe = prompt_token_ids(tokenizer, "What is 1 + 1?") + tokenizer.encode(format_tool_response(_PROBE_OUTCOME))
     return {"count": count, "seed": seed, "split": "train", "faulty_fraction": faulty_fraction,
+            "fault_kinds": sorted(fault_kinds),
             "prompt_sha256": hashlib.sha256(json.dumps(probe).encode()).hexdigest()}
 
 
@@ -97,12 +101,12 @@ def cached_sft_sequences(path: Path, count: int, seed: int,
                          tokenizer: PreTrainedTokenizerBase) -> list[TrainingSequence]:
     """The training examples of `count` transcripts of `seed`: read from `path` when cached for the same key,
     else generated against a fresh sandbox server and written there."""
-    faulty_fraction = configured_faulty_fraction()
-    key = cache_key(count, seed, tokenizer, faulty_fraction)
+    faulty_fraction, fault_kinds = configured_faults()
+    key = cache_key(count, seed, tokenizer, faulty_fraction, fault_kinds)
     cached = read_sequences(path, key)
     if cached is not None:
         return cached
     sequences = [TrainingSequence(t.trajectory.token_ids, t.trajectory.loss_mask)
-                 for t in sandbox_transcripts(count, seed, tokenizer, faulty_fraction)]
+                 for t in sandbox_transcripts(count, seed, tokenizer, faulty_fraction, fault_kinds)]
     write_sequences(path, key, sequences)
     return sequences

@@ -25,6 +25,9 @@ def _outcomes(plan) -> list[Outcome]:
     answer = ToolResult("ok", plan.task.problem.answer + "\n", "", 0, 9.0)
     if plan.faulty_code is None:
         return [answer]
+    if plan.fault == "trailing":
+        return [ToolResult("error", answer.stdout, "Traceback (most recent call last):\nZeroDivisionError: division by "
+                                                   "zero\n", 1, 4.0)]
     error = "SyntaxError: '(' was never closed" if plan.fault == "syntax" else "NameError: name 'answer' is not defined"
     return [ToolResult("error", "", f"Traceback (most recent call last):\n{error}\n", 1, 4.0), answer]
 
@@ -40,17 +43,45 @@ def test_exactly_the_set_fraction_starts_with_a_fault_chosen_by_seed() -> None:
         plan_solutions(tasks, seed=3, faulty_fraction=1.5)
 
 
-@pytest.mark.parametrize(("fault", "error"), [("syntax", "SyntaxError"), ("name", "NameError")])
-def test_faulty_programs_really_raise_their_error(fault: str, error: str) -> None:
+@pytest.mark.parametrize(("fault", "errors"), [("syntax", ("SyntaxError",)), ("name", ("NameError",)),
+                                              ("trailing", ("NameError", "ZeroDivisionError", "TypeError"))])
+def test_faulty_programs_really_raise_their_error(fault: str, errors: tuple[str, ...]) -> None:
     import random
 
-    for seed in range(4):
+    seen = set()
+    for seed in range(12):
         task = synthetic_tasks(1, seed=seed)[0]
         code = faulty_version(task.solution_code, fault, random.Random(seed))
         run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
-        assert run.returncode == 1 and error in run.stderr, (code, run.stderr)
-    with pytest.raises(ValueError, match="unknown fault"):
+        [error] = [name for name in errors if name in run.stderr]
+        seen.add(error)
+        assert run.returncode == 1, (code, run.stderr)
+        # A trailing fault prints the answer before it raises; the others print nothing.
+        assert run.stdout == (task.problem.answer + "\n" if fault == "trailing" else ""), (code, run.stdout)
+    assert seen == set(errors)
+    with pytest.raises(ValueError, match="unknown or no fault kinds"):
         faulty_version(task.solution_code, "typo", random.Random(0))
+    with pytest.raises(ValueError, match="unknown or no fault kinds"):
+        plan_solutions(synthetic_tasks(2, seed=0), seed=0, faulty_fraction=0.5, fault_kinds=())
+
+
+def test_a_trailing_fault_answers_from_the_failed_call_without_a_second_call() -> None:
+    tokenizer = load_tokenizer("tiny")
+    plans = plan_solutions(synthetic_tasks(6, seed=2), seed=0, faulty_fraction=0.5, fault_kinds=("trailing",))
+    assert sum(plan.fault == "trailing" and plan.faulty_code is not None for plan in plans) == 3
+    for plan in plans:
+        trajectory = build_transcript(plan, _outcomes(plan), tokenizer).trajectory
+        expected = ["error"] if plan.faulty_code else ["ok"]
+        assert [call.status for call in trajectory.tool_calls] == expected and trajectory.turns == 2
+        assert tokenizer.decode(list(trajectory.token_ids)).endswith(
+            f"<answer>\\boxed{{{plan.task.problem.answer}}}</answer><|im_end|>")
+    # The default kinds leave the draws as they were before "trailing" existed: same plans for the same seed.
+    assert plan_solutions(synthetic_tasks(6, seed=2), seed=0, faulty_fraction=0.5) == plan_solutions(
+        synthetic_tasks(6, seed=2), seed=0, faulty_fraction=0.5, fault_kinds=("syntax", "name"))
+    [faulty] = [plan for plan in plans if plan.faulty_code][:1]
+    wrong = ToolResult("error", "12\n", "Traceback (most recent call last):\nTypeError\n", 1, 1.0)
+    with pytest.raises(SandboxMismatchError, match="expected stdout"):
+        build_transcript(faulty, [wrong], tokenizer)
 
 
 @pytest.mark.parametrize("name", ["tiny", "qwen2.5"])

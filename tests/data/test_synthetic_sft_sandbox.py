@@ -17,9 +17,9 @@ from sandbox_server.launcher import running_server
 pytestmark = pytest.mark.slow
 
 
-async def _generate(url: str, tasks, tokenizer):
+async def _generate(url: str, tasks, tokenizer, fault_kinds=("name", "syntax")):
     async with SandboxClient([url]) as client:
-        return await sft_transcripts(tasks, client, tokenizer, seed=4, faulty_fraction=0.5)
+        return await sft_transcripts(tasks, client, tokenizer, seed=4, faulty_fraction=0.5, fault_kinds=fault_kinds)
 
 
 def test_transcripts_carry_the_sandbox_real_outputs_and_are_deterministic() -> None:
@@ -31,8 +31,21 @@ def test_transcripts_carry_the_sandbox_real_outputs_and_are_deterministic() -> N
         with running_server(("--workers", "2", "--default-timeout-s", "10")) as server:
             first = asyncio.run(_generate(server.url, tasks, tokenizer))
             second = asyncio.run(_generate(server.url, tasks, tokenizer))
+            trailing = asyncio.run(_generate(server.url, tasks, tokenizer, fault_kinds=("trailing",)))
     finally:
         gin.clear_config()
+
+    # A trailing fault: the sandbox reports the failure with the answer already on stdout, and the transcript
+    # answers from it with no second call.
+    assert sum(t.faulty_first_call for t in trailing) == 4
+    for transcript in trailing:
+        text = tokenizer.decode(list(transcript.trajectory.token_ids))
+        [response] = re.findall(r"<tool_response>\n(.*?)\n</tool_response>", text, re.DOTALL)
+        answer = transcript.problem.answer
+        if transcript.faulty_first_call:
+            assert response.startswith(f"failed (error), exit code 1\nstdout:\n{answer}\nstderr:\nTraceback"), response
+            assert re.search(r"(NameError|ZeroDivisionError|TypeError)", response), response
+        assert text.endswith(f"<answer>\\boxed{{{answer}}}</answer><|im_end|>")
 
     assert first == second
     assert sum(t.faulty_first_call for t in first) == 4

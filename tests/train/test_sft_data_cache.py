@@ -1,12 +1,12 @@
-"""The SFT transcript cache is reused only for the settings that made it: a changed share of faulty first calls (or
-count, or seed) regenerates the transcripts instead of training on the old ones."""
+"""The SFT transcript cache is reused only for the settings that made it: a changed share or kind of faulty first
+calls (or count, or seed) regenerates the transcripts instead of training on the old ones."""
 
 from __future__ import annotations
 
 import gin
 
 from rstar_jax.tokenizers import load_tokenizer
-from rstar_jax.train.sft_data import (TrainingSequence, cache_key, cached_sft_sequences, configured_faulty_fraction,
+from rstar_jax.train.sft_data import (TrainingSequence, cache_key, cached_sft_sequences, configured_faults,
                                       read_sequences, write_sequences)
 
 
@@ -16,17 +16,18 @@ def test_the_cache_is_read_back_only_under_the_key_that_wrote_it(tmp_path) -> No
     path = tmp_path / "transcripts.jsonl"
     gin.clear_config()
     try:
-        assert configured_faulty_fraction() == 0.25  # the function's default
-        key = cache_key(16, 3, tokenizer, 0.25)
+        assert configured_faults() == (0.25, ("name", "syntax"))  # the function's defaults
+        key = cache_key(16, 3, tokenizer, 0.25, ("name", "syntax"))
         write_sequences(path, key, sequences)
-        assert read_sequences(path, cache_key(16, 3, tokenizer, 0.25)) == sequences
-        assert read_sequences(path, cache_key(16, 4, tokenizer, 0.25)) is None
-        assert read_sequences(path, cache_key(32, 3, tokenizer, 0.25)) is None
-        assert read_sequences(path, cache_key(16, 3, tokenizer, 0.5)) is None
-        gin.parse_config("sft_transcripts.faulty_fraction = 0.5")
-        assert configured_faulty_fraction() == 0.5
-        # Written under the bound share, the cache is what `cached_sft_sequences` returns (no sandbox is started).
-        write_sequences(path, cache_key(16, 3, tokenizer, 0.5), sequences[:1])
+        assert read_sequences(path, cache_key(16, 3, tokenizer, 0.25, ("syntax", "name"))) == sequences
+        assert read_sequences(path, cache_key(16, 4, tokenizer, 0.25, ("name", "syntax"))) is None
+        assert read_sequences(path, cache_key(32, 3, tokenizer, 0.25, ("name", "syntax"))) is None
+        assert read_sequences(path, cache_key(16, 3, tokenizer, 0.5, ("name", "syntax"))) is None
+        assert read_sequences(path, cache_key(16, 3, tokenizer, 0.25, ("trailing",))) is None
+        gin.parse_config(["sft_transcripts.faulty_fraction = 0.5", "sft_transcripts.fault_kinds = ['trailing']"])
+        assert configured_faults() == (0.5, ("trailing",))
+        # Written under the bound settings, the cache is what `cached_sft_sequences` returns (no sandbox is started).
+        write_sequences(path, cache_key(16, 3, tokenizer, 0.5, ("trailing",)), sequences[:1])
         assert cached_sft_sequences(path, 16, 3, tokenizer) == sequences[:1]
     finally:
         gin.clear_config()
