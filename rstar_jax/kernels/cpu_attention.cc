@@ -6,16 +6,18 @@
 // (batch row, key/value head) pairs with OpenMP: each pair owns its slice of every output, so the backward pass
 // accumulates the key and value gradients of the G query heads that share a key head without atomics.
 //
-// Per pair, queries go in blocks of kQueryBlock and keys in blocks of kKeyBlock up to the causal limit; a key
-// block is copied transposed ([D, keys]) so the score and gradient loops run over contiguous keys (vectorised
-// by the compiler). Keys above the diagonal are never visited. A query that reads no key (padding before a row's
-// first real token) gets output 0 and lse 0, and no gradient: its output is never read.
+// Per pair, the keys and values are packed once (zero-padded to whole blocks of kBlock tokens and head dims to a
+// multiple of kDimTile; keys also transposed per block, [D, kBlock]) for all its query heads. Queries go in blocks
+// of kBlock against key blocks up to the diagonal; every product of two blocks is a register-blocked
+// micro-kernel (16 vector accumulators, each loaded vector feeding several FMAs). Only tiles on the diagonal or
+// across segment boundaries are masked; tiles no query of the block may read are skipped. A query that reads no
+// key (padding before a row's first real token) gets output 0 and lse 0, and no gradient: its output is never read.
 
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <limits>
-#include <type_traits>
 #include <vector>
 
 #include "xla/ffi/api/ffi.h"
@@ -24,14 +26,30 @@ namespace ffi = xla::ffi;
 
 namespace {
 
-constexpr int64_t kQueryBlock = 16;
-constexpr int64_t kKeyBlock = 64;
+// Floats per vector, and vector accumulators per micro-kernel: half the registers, the rest hold loaded operands.
+#if defined(__AVX512F__)
+constexpr int64_t kLanes = 16, kAccumulators = 16;
+#else
+constexpr int64_t kLanes = 8, kAccumulators = 8;  // AVX2; GCC splits the vectors on narrower machines
+#endif
+typedef float Vec __attribute__((vector_size(kLanes * sizeof(float))));
+typedef int32_t IntVec __attribute__((vector_size(kLanes * sizeof(int32_t))));
+
+constexpr int64_t kBlock = 64;     // queries per query block and keys per key block (aligned, so one diagonal tile)
+constexpr int64_t kDimTile = 32;   // head dims per accumulator tile; packed head dims are padded to a multiple
+constexpr int64_t kRowTile = 8;    // query rows are computed in multiples of this (padding rows are zero)
 constexpr int64_t kMaxHeadDim = 256;
+constexpr int64_t kKeyVectors = kBlock / kLanes, kDimVectors = kDimTile / kLanes;
+constexpr int64_t kScoreRows = kAccumulators / kKeyVectors;  // rows x a block of keys
+constexpr int64_t kSumRows = kAccumulators / kDimVectors;    // rows x a tile of head dims
+static_assert(kRowTile % kScoreRows == 0 && kRowTile % kSumRows == 0 && kBlock % kRowTile == 0);
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
 struct Shape {
   int64_t batch, length, heads, kv_heads, head_dim;
   int64_t groups() const { return heads / kv_heads; }
+  int64_t blocks() const { return (length + kBlock - 1) / kBlock; }
+  int64_t padded_dim() const { return (head_dim + kDimTile - 1) / kDimTile * kDimTile; }
   int64_t q_index(int64_t b, int64_t t, int64_t h) const { return ((b * length + t) * heads + h) * head_dim; }
   int64_t kv_index(int64_t b, int64_t t, int64_t hk) const {
     return ((b * length + t) * kv_heads + hk) * head_dim;
@@ -39,251 +57,405 @@ struct Shape {
   int64_t lse_index(int64_t b, int64_t h, int64_t t) const { return (b * heads + h) * length + t; }
 };
 
-// e^x for x <= 0 (scores minus their row maximum), vectorisable: 2^n times a degree-6 polynomial of the
-// remainder r = x - n ln 2 in [-ln2/2, ln2/2] (relative error ~2e-7); -inf and anything below -87 give 0.
-inline float ExpNonPositive(float x) {
-  const float clamped = std::max(x, -87.0f);
-  const float n = std::nearbyint(clamped * 1.44269504088896341f);
-  const float r = clamped - n * 0.693359375f + n * 2.12194440e-4f;
-  float poly = 1.0f / 720.0f;
+inline Vec Load(const float* p) {
+  Vec v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+
+inline void Store(float* p, Vec v) { std::memcpy(p, &v, sizeof v); }
+
+// Pins a loaded vector to a register. Without it GCC folds the load into every FMA that uses the vector (one
+// memory operand per FMA), which makes the micro-kernels bound by loads instead of FMAs.
+inline void KeepInRegister(Vec& v) {
+#if defined(__AVX__)
+  asm("" : "+v"(v));
+#else
+  (void)v;
+#endif
+}
+
+// e^x for x <= 0 (scores minus their row maximum): 2^n times a degree-6 polynomial of the remainder
+// r = x - n ln 2 in [-ln2/2, ln2/2] (relative error ~2e-7); -inf and anything below -87 give 0.
+inline Vec ExpNonPositive(Vec x) {
+  const Vec clamped = x < -87.0f ? Vec{} - 87.0f : x;
+  // Truncating y - 1/2 rounds y <= 0 to the nearest integer (ties aside).
+  const IntVec n_int = __builtin_convertvector(clamped * 1.44269504088896341f - 0.5f, IntVec);
+  const Vec n = __builtin_convertvector(n_int, Vec);
+  const Vec r = clamped - n * 0.693359375f + n * 2.12194440e-4f;
+  Vec poly = Vec{} + 1.0f / 720.0f;
   poly = poly * r + 1.0f / 120.0f;
   poly = poly * r + 1.0f / 24.0f;
   poly = poly * r + 1.0f / 6.0f;
   poly = poly * r + 0.5f;
   poly = poly * r + 1.0f;
   poly = poly * r + 1.0f;
-  const int32_t bits = (static_cast<int32_t>(n) + 127) << 23;
-  return x < -87.0f ? 0.0f : poly * __builtin_bit_cast(float, bits);
+  const Vec power = __builtin_bit_cast(Vec, (n_int + 127) << 23);
+  return x < -87.0f ? Vec{} : poly * power;
 }
 
-// Rows [k0, k0 + nk) of head hk of `src` ([B, T, Hk, D]: keys or values) as `rows` [kKeyBlock, D] and/or
-// transposed as `columns` [D, kKeyBlock]; either may be null.
-void LoadBlock(const Shape& s, const float* src, int64_t b, int64_t hk, int64_t k0, int64_t nk,
-               float* __restrict rows, float* __restrict columns) {
-  const int64_t dim = s.head_dim;
-  for (int64_t j = 0; j < nk; ++j) {
-    const float* row = src + s.kv_index(b, k0 + j, hk);
-    if (rows != nullptr) std::copy_n(row, dim, rows + j * dim);
+inline float ExpNonPositive(float x) { return ExpNonPositive(Vec{} + x)[0]; }
+
+inline float HorizontalMax(Vec v) {
+  float m = v[0];
+  for (int64_t l = 1; l < kLanes; ++l) m = v[l] > m ? v[l] : m;
+  return m;
+}
+
+inline float HorizontalSum(Vec v) {
+  float sum = 0.0f;
+  for (int64_t l = 0; l < kLanes; ++l) sum += v[l];
+  return sum;
+}
+
+// Rows [0, kScoreRows) of a[., dim] . columns[dim, kBlock] against the block's first kVectors vectors of keys,
+// into out (row stride kBlock); the later keys' entries are set to 0. Each loaded key vector feeds kScoreRows FMAs.
+template <int64_t kVectors>
+void ScoreTile(const float* __restrict a, const float* __restrict columns, int64_t dim, float* __restrict out) {
+  Vec acc[kScoreRows][kVectors] = {};
+  for (int64_t d = 0; d < dim; ++d) {
+    Vec column[kVectors];
+    for (int64_t c = 0; c < kVectors; ++c) {
+      column[c] = Load(columns + d * kBlock + c * kLanes);
+      KeepInRegister(column[c]);
+    }
+    for (int64_t r = 0; r < kScoreRows; ++r) {
+      const float x = a[r * dim + d];
+      for (int64_t c = 0; c < kVectors; ++c) acc[r][c] += x * column[c];
+    }
+  }
+  for (int64_t r = 0; r < kScoreRows; ++r) {
+    for (int64_t c = 0; c < kKeyVectors; ++c) Store(out + r * kBlock + c * kLanes, c < kVectors ? acc[r][c] : Vec{});
+  }
+}
+
+// ScoreTile<vectors> for a run-time count of key vectors in [1, kKeyVectors].
+template <int64_t kVectors = kKeyVectors>
+void ScoreTileUpTo(int64_t vectors, const float* a, const float* columns, int64_t dim, float* out) {
+  if constexpr (kVectors > 1) {
+    if (vectors < kVectors) return ScoreTileUpTo<kVectors - 1>(vectors, a, columns, dim, out);
+  }
+  ScoreTile<kVectors>(a, columns, dim, out);
+}
+
+// out[rows, kBlock] = a[rows, dim] . columns[dim, kBlock]: scores (queries . keys) or dP (output gradients .
+// values). On the diagonal tile (query i and key i at the same position) keys after a row tile's last query are
+// not computed (set to 0: they are masked).
+void RowsTimesColumns(const float* a, const float* columns, int64_t rows, int64_t dim, bool diagonal, float* out) {
+  for (int64_t i0 = 0; i0 < rows; i0 += kScoreRows) {
+    const int64_t vectors = diagonal ? (i0 + kScoreRows - 1) / kLanes + 1 : kKeyVectors;
+    ScoreTileUpTo(vectors, a + i0 * dim, columns, dim, out + i0 * kBlock);
+  }
+}
+
+// out[rows, dim] += weights[rows, n] . b[n, dim], weights with row stride kBlock: P . V and dS . K. kSumRows rows
+// at once, so each loaded row of b feeds kSumRows FMAs per vector. On the diagonal tile a row tile stops at the
+// key of its last query (later weights are 0).
+void AddWeightedRows(const float* __restrict weights, const float* __restrict b, int64_t rows, int64_t n,
+                     int64_t dim, bool diagonal, float* __restrict out) {
+  for (int64_t i0 = 0; i0 < rows; i0 += kSumRows) {
+    const int64_t keys = diagonal ? std::min(n, i0 + kSumRows) : n;
+    for (int64_t d0 = 0; d0 < dim; d0 += kDimTile) {
+      Vec acc[kSumRows][kDimVectors];
+      for (int64_t r = 0; r < kSumRows; ++r) {
+        for (int64_t c = 0; c < kDimVectors; ++c) acc[r][c] = Load(out + (i0 + r) * dim + d0 + c * kLanes);
+      }
+      for (int64_t j = 0; j < keys; ++j) {
+        Vec row[kDimVectors];
+        for (int64_t c = 0; c < kDimVectors; ++c) {
+          row[c] = Load(b + j * dim + d0 + c * kLanes);
+          KeepInRegister(row[c]);
+        }
+        for (int64_t r = 0; r < kSumRows; ++r) {
+          const float w = weights[(i0 + r) * kBlock + j];
+          for (int64_t c = 0; c < kDimVectors; ++c) acc[r][c] += w * row[c];
+        }
+      }
+      for (int64_t r = 0; r < kSumRows; ++r) {
+        for (int64_t c = 0; c < kDimVectors; ++c) Store(out + (i0 + r) * dim + d0 + c * kLanes, acc[r][c]);
+      }
+    }
+  }
+}
+
+// out[n, dim] += weights[rows, n]^T . a[rows, dim] (out[j] += sum_i weights[i, j] a[i]), weights with row stride
+// kBlock, n a multiple of kSumRows: P^T . dO and dS^T . Q. kSumRows keys at once per loaded row of a. On the
+// diagonal tile a key tile starts at the query of its first key (earlier weights are 0).
+void AddTransposedWeightedRows(const float* __restrict weights, const float* __restrict a, int64_t rows,
+                               int64_t n, int64_t dim, bool diagonal, float* __restrict out) {
+  for (int64_t j0 = 0; j0 < n; j0 += kSumRows) {
+    for (int64_t d0 = 0; d0 < dim; d0 += kDimTile) {
+      Vec acc[kSumRows][kDimVectors];
+      for (int64_t r = 0; r < kSumRows; ++r) {
+        for (int64_t c = 0; c < kDimVectors; ++c) acc[r][c] = Load(out + (j0 + r) * dim + d0 + c * kLanes);
+      }
+      for (int64_t i = diagonal ? j0 : 0; i < rows; ++i) {
+        Vec row[kDimVectors];
+        for (int64_t c = 0; c < kDimVectors; ++c) {
+          row[c] = Load(a + i * dim + d0 + c * kLanes);
+          KeepInRegister(row[c]);
+        }
+        for (int64_t r = 0; r < kSumRows; ++r) {
+          const float w = weights[i * kBlock + j0 + r];
+          for (int64_t c = 0; c < kDimVectors; ++c) acc[r][c] += w * row[c];
+        }
+      }
+      for (int64_t r = 0; r < kSumRows; ++r) {
+        for (int64_t c = 0; c < kDimVectors; ++c) Store(out + (j0 + r) * dim + d0 + c * kLanes, acc[r][c]);
+      }
+    }
+  }
+}
+
+constexpr int64_t kPrefetchDistance = 8;  // rows
+
+// Starts loading row t + kPrefetchDistance (of `rows` rows `stride` floats apart from `first`) into the cache: a
+// head's rows lie H * D floats apart and a pair copies one row at a time, so without it every row costs a miss.
+inline void PrefetchAhead(const float* first, int64_t stride, int64_t t, int64_t rows, int64_t dim) {
+  if (t + kPrefetchDistance >= rows) return;
+  const float* row = first + (t + kPrefetchDistance) * stride;
+  for (int64_t d = 0; d < dim; d += 64 / sizeof(float)) __builtin_prefetch(row + d);
+}
+
+// Head hk of `src` ([B, T, Hk, D]: keys or values) of batch row b as `rows` [blocks * kBlock, padded D] and/or
+// transposed per block as `columns` [blocks][padded D][kBlock], zero-padded; either may be null.
+void PackPair(const Shape& s, const float* src, int64_t b, int64_t hk, std::vector<float>* rows,
+              std::vector<float>* columns) {
+  const int64_t dim = s.head_dim, padded = s.padded_dim(), size = s.blocks() * kBlock * padded;
+  if (rows != nullptr) rows->assign(size, 0.0f);
+  if (columns != nullptr) columns->assign(size, 0.0f);
+  for (int64_t t = 0; t < s.length; ++t) {
+    const float* row = src + s.kv_index(b, t, hk);
+    PrefetchAhead(src + s.kv_index(b, 0, hk), s.kv_heads * dim, t, s.length, dim);
+    if (rows != nullptr) std::copy_n(row, dim, rows->data() + t * padded);
     if (columns != nullptr) {
-      for (int64_t d = 0; d < dim; ++d) columns[d * kKeyBlock + j] = row[d];
+      float* block = columns->data() + t / kBlock * padded * kBlock + t % kBlock;
+      for (int64_t d = 0; d < dim; ++d) block[d * kBlock] = row[d];
     }
   }
 }
 
-// Scaled scores [nq, kKeyBlock] of queries (rows of `queries`, [nq, D]) against the transposed key block, with
-// masked entries (above the diagonal, or across segments) set to -inf.
-void Scores(const Shape& s, const float* __restrict queries, const float* __restrict keys_t,
-            const int32_t* segments, int64_t q0, int64_t nq, int64_t k0, int64_t nk, float scale,
-            float* __restrict scores) {
-  int32_t key_segments[kKeyBlock], key_positions[kKeyBlock];
-  for (int64_t j = 0; j < kKeyBlock; ++j) {
-    key_segments[j] = j < nk ? segments[k0 + j] : 0;  // keys past the block's end read as padding: masked
-    key_positions[j] = static_cast<int32_t>(k0 + j);
-  }
-  for (int64_t i = 0; i < nq; ++i) {
-    float* row = scores + i * kKeyBlock;
-    float acc[kKeyBlock] = {};  // a register-resident row: 4 AVX-512 vectors
-    const float* query = queries + i * s.head_dim;
-    for (int64_t d = 0; d < s.head_dim; ++d) {
-      const float qd = query[d];
-      const float* key_row = keys_t + d * kKeyBlock;
-#pragma omp simd
-      for (int64_t j = 0; j < kKeyBlock; ++j) acc[j] += qd * key_row[j];
-    }
-    const int32_t t = static_cast<int32_t>(q0 + i), query_segment = segments[q0 + i];
-#pragma omp simd
-    for (int64_t j = 0; j < kKeyBlock; ++j) {  // allowed_keys of segments.py, and causal
-      const int32_t key_segment = key_segments[j];
-      const bool allowed = key_positions[j] <= t && key_segment > 0 &&
-                           (key_segment == query_segment || query_segment == 0);
-      row[j] = allowed ? acc[j] * scale : kNegInf;
-    }
+// Rows [t0, t0 + n) of head h of `src` ([B, T, H, D]: queries or output gradients) as dst [kBlock, padded D],
+// zero-padded.
+void PackQueryBlock(const Shape& s, const float* src, int64_t b, int64_t h, int64_t t0, int64_t n,
+                    std::vector<float>* dst) {
+  const int64_t padded = s.padded_dim();
+  dst->assign(kBlock * padded, 0.0f);
+  for (int64_t i = 0; i < n; ++i) {
+    PrefetchAhead(src + s.q_index(b, t0, h), s.heads * s.head_dim, i, n, s.head_dim);
+    std::copy_n(src + s.q_index(b, t0 + i, h), s.head_dim, dst->data() + i * padded);
   }
 }
 
-// kDim: the head dimension when known at compile time (the common 32, 64, 128), else 0 for any up to kMaxHeadDim.
-template <int64_t kDim>
-void ForwardPair(const Shape& s, const float* q, const float* k, const float* v, const int32_t* seg_all,
+// The segment ids of a block's tokens (t < T) span [min, max].
+struct SegmentRange {
+  int32_t min, max;
+};
+
+void BlockSegments(const Shape& s, const int32_t* segments, std::vector<SegmentRange>* ranges) {
+  ranges->assign(s.blocks(), SegmentRange{std::numeric_limits<int32_t>::max(), 0});
+  for (int64_t t = 0; t < s.length; ++t) {
+    SegmentRange& range = (*ranges)[t / kBlock];
+    range.min = std::min(range.min, segments[t]);
+    range.max = std::max(range.max, segments[t]);
+  }
+}
+
+enum class Tile { kSkip, kMasked, kFull };
+
+// What a (query block, key block) tile needs: nothing if no query may read any of its keys (keys all padding, or
+// queries of real segments that no key shares), no mask if it lies below the diagonal within one segment.
+Tile Classify(const std::vector<SegmentRange>& ranges, int64_t query_block, int64_t key_block) {
+  const SegmentRange queries = ranges[query_block], keys = ranges[key_block];
+  if (keys.max == 0 || (queries.min > 0 && (keys.max < queries.min || keys.min > queries.max))) return Tile::kSkip;
+  const bool one_segment = queries.min == queries.max && keys.min == keys.max && queries.min == keys.min;
+  return key_block < query_block && one_segment ? Tile::kFull : Tile::kMasked;
+}
+
+// The scaled scores of query t against keys [k, k + kLanes), with the keys it may not read set to -inf when
+// masked (allowed_keys of segments.py, and causal); `segments` is padded with 0 to whole blocks.
+inline Vec ScaledScores(Vec scores, const int32_t* segments, int64_t t, int64_t k, bool masked, float scale) {
+  scores *= scale;
+  if (!masked) return scores;
+  IntVec key_segments, positions;
+  std::memcpy(&key_segments, segments + k, sizeof key_segments);
+  for (int64_t l = 0; l < kLanes; ++l) positions[l] = static_cast<int32_t>(k + l);
+  const int32_t query_segment = segments[t];
+  const IntVec allowed = (positions <= static_cast<int32_t>(t)) & (key_segments > 0) &
+                         ((key_segments == query_segment) | (query_segment == 0));
+  return allowed ? scores : Vec{} + kNegInf;
+}
+
+// The online-softmax step of query t over its scores against the key block at k0 (`row`, unscaled): the row
+// becomes its weights e^(s - max), the running max and sum are updated, and the factor to rescale earlier weighted
+// sums by is returned.
+float SoftmaxStep(float* __restrict row, const int32_t* segments, int64_t t, int64_t k0, bool masked, float scale,
+                  float* row_max, float* row_sum) {
+  Vec scores[kKeyVectors], block_max = Vec{} + kNegInf;
+  for (int64_t c = 0; c < kKeyVectors; ++c) {
+    scores[c] = ScaledScores(Load(row + c * kLanes), segments, t, k0 + c * kLanes, masked, scale);
+    block_max = scores[c] > block_max ? scores[c] : block_max;
+  }
+  const float new_max = std::max(*row_max, HorizontalMax(block_max));
+  if (new_max == kNegInf) {  // no key read yet
+    std::fill_n(row, kBlock, 0.0f);
+    return 1.0f;
+  }
+  const float rescale = ExpNonPositive(*row_max - new_max);
+  Vec block_sum{};
+  for (int64_t c = 0; c < kKeyVectors; ++c) {
+    const Vec weights = ExpNonPositive(scores[c] - new_max);
+    block_sum += weights;
+    Store(row + c * kLanes, weights);
+  }
+  *row_sum = *row_sum * rescale + HorizontalSum(block_sum);
+  *row_max = new_max;
+  return rescale;
+}
+
+// Query t's probabilities P = e^(S - lse) over its scores against the key block at k0 (`p_row`, unscaled, in
+// place) and the scores' gradients dS = P * (dP - term) * scale (from dP in `ds_row`, in place).
+void ProbabilitiesAndGradients(float* __restrict p_row, float* __restrict ds_row, const int32_t* segments,
+                               int64_t t, int64_t k0, bool masked, float scale, float lse, float term) {
+  for (int64_t c = 0; c < kKeyVectors; ++c) {
+    const Vec scores = ScaledScores(Load(p_row + c * kLanes), segments, t, k0 + c * kLanes, masked, scale);
+    const Vec p = ExpNonPositive(scores - lse);
+    Store(p_row + c * kLanes, p);
+    Store(ds_row + c * kLanes, p * (Load(ds_row + c * kLanes) - term) * scale);
+  }
+}
+
+// Per-thread buffers, reused across pairs and calls so that no pair allocates.
+struct Workspace {
+  std::vector<float> keys, keys_t, values, values_t, d_keys, d_values;  // a pair's, packed
+  std::vector<float> queries, grads, acc, scores, d_scores;             // a query block's
+  std::vector<int32_t> segments;                                        // the row's, padded with 0
+  std::vector<SegmentRange> ranges;                                     // per block of the row
+};
+
+Workspace& ThreadWorkspace() {
+  thread_local Workspace workspace;
+  return workspace;
+}
+
+void PadSegments(const Shape& s, const int32_t* segments, std::vector<int32_t>* padded) {
+  padded->assign(s.blocks() * kBlock, 0);
+  std::copy_n(segments, s.length, padded->data());
+}
+
+int64_t RoundUp(int64_t n, int64_t multiple) { return (n + multiple - 1) / multiple * multiple; }
+
+void ForwardPair(const Shape& s, const float* q, const float* k, const float* v, const int32_t* segments_all,
                  float scale, int64_t b, int64_t hk, float* out, float* lse) {
-  constexpr int64_t kCapacity = kDim ? kDim : kMaxHeadDim;
-  const int64_t dim = kDim ? kDim : s.head_dim;
-  const int32_t* segments = seg_all + b * s.length;
-  std::vector<float> keys_t(dim * kKeyBlock, 0.0f), values(kKeyBlock * dim, 0.0f), queries(kQueryBlock * dim);
-  std::vector<float> scores(kQueryBlock * kKeyBlock), acc(kQueryBlock * dim);
-  float row_max[kQueryBlock], row_sum[kQueryBlock];
+  Workspace& w = ThreadWorkspace();
+  const int64_t dim = s.head_dim, padded = s.padded_dim();
+  PackPair(s, k, b, hk, nullptr, &w.keys_t);
+  PackPair(s, v, b, hk, &w.values, nullptr);
+  PadSegments(s, segments_all + b * s.length, &w.segments);
+  BlockSegments(s, w.segments.data(), &w.ranges);
+  w.scores.resize(kBlock * kBlock);
+  float row_max[kBlock], row_sum[kBlock];
   for (int64_t g = 0; g < s.groups(); ++g) {
     const int64_t h = hk * s.groups() + g;
-    for (int64_t q0 = 0; q0 < s.length; q0 += kQueryBlock) {
-      const int64_t nq = std::min(kQueryBlock, s.length - q0);
-      for (int64_t i = 0; i < nq; ++i) {
-        std::copy_n(q + s.q_index(b, q0 + i, h), dim, queries.data() + i * dim);
-        row_max[i] = kNegInf;
-        row_sum[i] = 0.0f;
-      }
-      std::fill(acc.begin(), acc.end(), 0.0f);
-      const int64_t key_end = q0 + nq;
-      for (int64_t k0 = 0; k0 < key_end; k0 += kKeyBlock) {
-        const int64_t nk = std::min(kKeyBlock, key_end - k0);
-        LoadBlock(s, k, b, hk, k0, nk, nullptr, keys_t.data());
-        LoadBlock(s, v, b, hk, k0, nk, values.data(), nullptr);
-        Scores(s, queries.data(), keys_t.data(), segments, q0, nq, k0, nk, scale, scores.data());
+    for (int64_t qb = 0; qb < s.blocks(); ++qb) {
+      const int64_t q0 = qb * kBlock, nq = std::min(kBlock, s.length - q0), rows = RoundUp(nq, kRowTile);
+      PackQueryBlock(s, q, b, h, q0, nq, &w.queries);
+      w.acc.assign(kBlock * padded, 0.0f);
+      std::fill_n(row_max, kBlock, kNegInf);
+      std::fill_n(row_sum, kBlock, 0.0f);
+      for (int64_t kb = 0; kb <= qb; ++kb) {
+        const Tile tile = Classify(w.ranges, qb, kb);
+        if (tile == Tile::kSkip) continue;
+        const int64_t k0 = kb * kBlock, nk = std::min(kBlock, q0 + nq - k0);
+        const bool diagonal = kb == qb;
+        RowsTimesColumns(w.queries.data(), w.keys_t.data() + k0 * padded, rows, padded, diagonal, w.scores.data());
         for (int64_t i = 0; i < nq; ++i) {
-          float* row = scores.data() + i * kKeyBlock;
-          float block_max = kNegInf;
-          for (int64_t j = 0; j < nk; ++j) block_max = std::max(block_max, row[j]);
-          const float new_max = std::max(row_max[i], block_max);
-          if (new_max == kNegInf) continue;  // no key read yet
-          const float rescale = ExpNonPositive(row_max[i] - new_max);
-          float block_sum = 0.0f;
-#pragma omp simd reduction(+ : block_sum)
-          for (int64_t j = 0; j < nk; ++j) {
-            row[j] = ExpNonPositive(row[j] - new_max);
-            block_sum += row[j];
-          }
-          row_sum[i] = row_sum[i] * rescale + block_sum;
-          row_max[i] = new_max;
-          float* acc_row = acc.data() + i * dim;
-          float weighted[kCapacity];  // the row's output accumulator, in registers for this key block
+          float* row = w.scores.data() + i * kBlock;
+          const float rescale = SoftmaxStep(row, w.segments.data(), q0 + i, k0, tile == Tile::kMasked, scale,
+                                            &row_max[i], &row_sum[i]);
+          float* acc_row = w.acc.data() + i * padded;
 #pragma omp simd
-          for (int64_t d = 0; d < dim; ++d) weighted[d] = acc_row[d] * rescale;
-          for (int64_t j = 0; j < nk; ++j) {
-            const float p = row[j];
-            const float* __restrict value = values.data() + j * dim;
-#pragma omp simd
-            for (int64_t d = 0; d < dim; ++d) weighted[d] += p * value[d];
-          }
-#pragma omp simd
-          for (int64_t d = 0; d < dim; ++d) acc_row[d] = weighted[d];
+          for (int64_t d = 0; d < padded; ++d) acc_row[d] *= rescale;
         }
+        std::fill(w.scores.begin() + nq * kBlock, w.scores.begin() + rows * kBlock, 0.0f);  // padding rows
+        AddWeightedRows(w.scores.data(), w.values.data() + k0 * padded, rows, nk, padded, diagonal, w.acc.data());
       }
       for (int64_t i = 0; i < nq; ++i) {
         float* out_row = out + s.q_index(b, q0 + i, h);
         const bool reads = row_sum[i] > 0.0f;
         const float inverse = reads ? 1.0f / row_sum[i] : 0.0f;
-        for (int64_t d = 0; d < dim; ++d) out_row[d] = acc[i * dim + d] * inverse;
+        for (int64_t d = 0; d < dim; ++d) out_row[d] = w.acc[i * padded + d] * inverse;
         lse[s.lse_index(b, h, q0 + i)] = reads ? row_max[i] + std::log(row_sum[i]) : 0.0f;
       }
     }
   }
 }
 
-template <int64_t kDim>
-void BackwardPair(const Shape& s, const float* q, const float* k, const float* v, const int32_t* seg_all,
+void BackwardPair(const Shape& s, const float* q, const float* k, const float* v, const int32_t* segments_all,
                   const float* out, const float* lse, const float* d_out, float scale, int64_t b, int64_t hk,
                   float* d_q, float* d_k, float* d_v) {
-  constexpr int64_t kCapacity = kDim ? kDim : kMaxHeadDim;
-  const int64_t dim = kDim ? kDim : s.head_dim;
-  const int32_t* segments = seg_all + b * s.length;
-  std::vector<float> keys_t(dim * kKeyBlock, 0.0f), values_t(dim * kKeyBlock, 0.0f), keys(kKeyBlock * dim);
-  std::vector<float> queries(kQueryBlock * dim), grads(kQueryBlock * dim);
-  std::vector<float> probs(kQueryBlock * kKeyBlock), d_scores(kQueryBlock * kKeyBlock), d_q_acc(kQueryBlock * dim);
-  float row_lse[kQueryBlock], row_term[kQueryBlock];
-  bool row_reads[kQueryBlock];
-  for (int64_t t = 0; t < s.length; ++t) {
-    std::fill_n(d_k + s.kv_index(b, t, hk), dim, 0.0f);
-    std::fill_n(d_v + s.kv_index(b, t, hk), dim, 0.0f);
-  }
+  Workspace& w = ThreadWorkspace();
+  const int64_t dim = s.head_dim, padded = s.padded_dim();
+  // Keys both ways ([D, keys] for the scores, [keys, D] for dQ), values as [D, keys] for dP.
+  PackPair(s, k, b, hk, &w.keys, &w.keys_t);
+  PackPair(s, v, b, hk, nullptr, &w.values_t);
+  PadSegments(s, segments_all + b * s.length, &w.segments);
+  BlockSegments(s, w.segments.data(), &w.ranges);
+  w.d_keys.assign(s.blocks() * kBlock * padded, 0.0f);
+  w.d_values.assign(s.blocks() * kBlock * padded, 0.0f);
+  w.scores.resize(kBlock * kBlock);
+  w.d_scores.resize(kBlock * kBlock);
+  float row_lse[kBlock], row_term[kBlock];
   for (int64_t g = 0; g < s.groups(); ++g) {
     const int64_t h = hk * s.groups() + g;
-    for (int64_t q0 = 0; q0 < s.length; q0 += kQueryBlock) {
-      const int64_t nq = std::min(kQueryBlock, s.length - q0);
+    for (int64_t qb = 0; qb < s.blocks(); ++qb) {
+      const int64_t q0 = qb * kBlock, nq = std::min(kBlock, s.length - q0), rows = RoundUp(nq, kRowTile);
+      PackQueryBlock(s, q, b, h, q0, nq, &w.queries);
+      PackQueryBlock(s, d_out, b, h, q0, nq, &w.grads);
       for (int64_t i = 0; i < nq; ++i) {
         const int64_t index = s.q_index(b, q0 + i, h);
-        std::copy_n(q + index, dim, queries.data() + i * dim);
-        std::copy_n(d_out + index, dim, grads.data() + i * dim);
+        PrefetchAhead(out + s.q_index(b, q0, h), s.heads * dim, i, nq, dim);
         float term = 0.0f;
-        for (int64_t d = 0; d < dim; ++d) term += d_out[index + d] * out[index + d];
+        for (int64_t d = 0; d < dim; ++d) term += w.grads[i * padded + d] * out[index + d];
         row_term[i] = term;  // D_i = dO_i . O_i, the softmax Jacobian's row term
         row_lse[i] = lse[s.lse_index(b, h, q0 + i)];
       }
-      std::fill(d_q_acc.begin(), d_q_acc.end(), 0.0f);
-      const int64_t key_end = q0 + nq;
-      for (int64_t k0 = 0; k0 < key_end; k0 += kKeyBlock) {
-        const int64_t nk = std::min(kKeyBlock, key_end - k0);
-        // Keys both ways ([D, keys] for the scores, [keys, D] for dQ), values as [D, keys] for dP.
-        LoadBlock(s, k, b, hk, k0, nk, keys.data(), keys_t.data());
-        LoadBlock(s, v, b, hk, k0, nk, nullptr, values_t.data());
-        Scores(s, queries.data(), keys_t.data(), segments, q0, nq, k0, nk, scale, probs.data());
+      w.acc.assign(kBlock * padded, 0.0f);  // dQ of the block
+      for (int64_t kb = 0; kb <= qb; ++kb) {
+        const Tile tile = Classify(w.ranges, qb, kb);
+        if (tile == Tile::kSkip) continue;
+        const int64_t k0 = kb * kBlock, nk = std::min(kBlock, q0 + nq - k0);
+        const bool diagonal = kb == qb;
+        RowsTimesColumns(w.queries.data(), w.keys_t.data() + k0 * padded, rows, padded, diagonal, w.scores.data());
+        RowsTimesColumns(w.grads.data(), w.values_t.data() + k0 * padded, rows, padded, diagonal,
+                         w.d_scores.data());
         for (int64_t i = 0; i < nq; ++i) {
-          float* p_row = probs.data() + i * kKeyBlock;
-          float* ds_row = d_scores.data() + i * kKeyBlock;
-          float total = 0.0f;
-#pragma omp simd reduction(+ : total)
-          for (int64_t j = 0; j < kKeyBlock; ++j) {
-            p_row[j] = ExpNonPositive(p_row[j] - row_lse[i]);
-            total += p_row[j];
-          }
-          row_reads[i] = total > 0.0f;
-          // dP_ij = dO_i . V_j over the transposed values, then dS = P * (dP - D_i) * scale.
-          float d_probs[kKeyBlock] = {};
-          const float* __restrict grad = grads.data() + i * dim;
-          const float* __restrict values_block = values_t.data();
-          for (int64_t d = 0; d < dim; ++d) {
-            const float gd = grad[d];
-            const float* value_row = values_block + d * kKeyBlock;
-#pragma omp simd
-            for (int64_t j = 0; j < kKeyBlock; ++j) d_probs[j] += gd * value_row[j];
-          }
-#pragma omp simd
-          for (int64_t j = 0; j < kKeyBlock; ++j) ds_row[j] = p_row[j] * (d_probs[j] - row_term[i]) * scale;
+          ProbabilitiesAndGradients(w.scores.data() + i * kBlock, w.d_scores.data() + i * kBlock, w.segments.data(),
+                                    q0 + i, k0, tile == Tile::kMasked, scale, row_lse[i], row_term[i]);
         }
-        // Key and value gradients: per key, sums over the block's queries kept in registers, added once.
-        for (int64_t j = 0; j < nk; ++j) {
-          float dk_sum[kCapacity] = {}, dv_sum[kCapacity] = {};
-          for (int64_t i = 0; i < nq; ++i) {
-            const float p = probs[i * kKeyBlock + j], ds = d_scores[i * kKeyBlock + j];
-            const float* __restrict grad = grads.data() + i * dim;
-            const float* __restrict query = queries.data() + i * dim;
-#pragma omp simd
-            for (int64_t d = 0; d < dim; ++d) {
-              dv_sum[d] += p * grad[d];
-              dk_sum[d] += ds * query[d];
-            }
-          }
-          float* __restrict dv_row = d_v + s.kv_index(b, k0 + j, hk);
-          float* __restrict dk_row = d_k + s.kv_index(b, k0 + j, hk);
-#pragma omp simd
-          for (int64_t d = 0; d < dim; ++d) {
-            dv_row[d] += dv_sum[d];
-            dk_row[d] += dk_sum[d];
-          }
-        }
-        // Query gradients: dQ_i += sum_j dS_ij K_j.
-        for (int64_t i = 0; i < nq; ++i) {
-          if (!row_reads[i]) continue;
-          float dq_sum[kCapacity] = {};
-          const float* ds_row = d_scores.data() + i * kKeyBlock;
-          for (int64_t j = 0; j < nk; ++j) {
-            const float ds = ds_row[j];
-            const float* __restrict key = keys.data() + j * dim;
-#pragma omp simd
-            for (int64_t d = 0; d < dim; ++d) dq_sum[d] += ds * key[d];
-          }
-          float* __restrict dq_row = d_q_acc.data() + i * dim;
-#pragma omp simd
-          for (int64_t d = 0; d < dim; ++d) dq_row[d] += dq_sum[d];
-        }
+        std::fill(w.d_scores.begin() + nq * kBlock, w.d_scores.begin() + rows * kBlock, 0.0f);  // padding rows
+        const int64_t keys = RoundUp(nk, kSumRows);
+        AddTransposedWeightedRows(w.scores.data(), w.grads.data(), nq, keys, padded, diagonal,
+                                  w.d_values.data() + k0 * padded);
+        AddTransposedWeightedRows(w.d_scores.data(), w.queries.data(), nq, keys, padded, diagonal,
+                                  w.d_keys.data() + k0 * padded);
+        AddWeightedRows(w.d_scores.data(), w.keys.data() + k0 * padded, rows, nk, padded, diagonal, w.acc.data());
       }
-      for (int64_t i = 0; i < nq; ++i) std::copy_n(d_q_acc.data() + i * dim, dim, d_q + s.q_index(b, q0 + i, h));
+      for (int64_t i = 0; i < nq; ++i) std::copy_n(w.acc.data() + i * padded, dim, d_q + s.q_index(b, q0 + i, h));
     }
+  }
+  for (int64_t t = 0; t < s.length; ++t) {
+    std::copy_n(w.d_keys.data() + t * padded, dim, d_k + s.kv_index(b, t, hk));
+    std::copy_n(w.d_values.data() + t * padded, dim, d_v + s.kv_index(b, t, hk));
   }
 }
 
-// Calls `call(dim, b, hk)` for every (batch row, key/value head) pair, in parallel; `dim` is a
-// std::integral_constant holding the head dimension when the kernel specialises it (32, 64, 128), else 0.
+// Calls `call(b, hk)` for every (batch row, key/value head) pair, in parallel.
 template <typename Call>
 void ForEachPair(const Shape& s, Call call) {
-  auto run = [&](auto dim) {
 #pragma omp parallel for collapse(2) schedule(dynamic)
-    for (int64_t b = 0; b < s.batch; ++b) {
-      for (int64_t hk = 0; hk < s.kv_heads; ++hk) call(dim, b, hk);
-    }
-  };
-  switch (s.head_dim) {
-    case 32: return run(std::integral_constant<int64_t, 32>{});
-    case 64: return run(std::integral_constant<int64_t, 64>{});
-    case 128: return run(std::integral_constant<int64_t, 128>{});
-    default: return run(std::integral_constant<int64_t, 0>{});
+  for (int64_t b = 0; b < s.batch; ++b) {
+    for (int64_t hk = 0; hk < s.kv_heads; ++hk) call(b, hk);
   }
 }
 
@@ -311,9 +483,7 @@ ffi::Error Forward(ffi::Buffer<ffi::F32> q, ffi::Buffer<ffi::F32> k, ffi::Buffer
   const float *qp = q.typed_data(), *kp = k.typed_data(), *vp = v.typed_data();
   const int32_t* sp = segments.typed_data();
   float *op = out->typed_data(), *lp = lse->typed_data();
-  ForEachPair(s, [&](auto dim, int64_t b, int64_t hk) {
-    ForwardPair<decltype(dim)::value>(s, qp, kp, vp, sp, scale, b, hk, op, lp);
-  });
+  ForEachPair(s, [&](int64_t b, int64_t hk) { ForwardPair(s, qp, kp, vp, sp, scale, b, hk, op, lp); });
   return ffi::Error::Success();
 }
 
@@ -327,8 +497,8 @@ ffi::Error Backward(ffi::Buffer<ffi::F32> q, ffi::Buffer<ffi::F32> k, ffi::Buffe
   const float *lp = lse.typed_data(), *gp = d_out.typed_data();
   const int32_t* sp = segments.typed_data();
   float *dq = d_q->typed_data(), *dk = d_k->typed_data(), *dv = d_v->typed_data();
-  ForEachPair(s, [&](auto dim, int64_t b, int64_t hk) {
-    BackwardPair<decltype(dim)::value>(s, qp, kp, vp, sp, op, lp, gp, scale, b, hk, dq, dk, dv);
+  ForEachPair(s, [&](int64_t b, int64_t hk) {
+    BackwardPair(s, qp, kp, vp, sp, op, lp, gp, scale, b, hk, dq, dk, dv);
   });
   return ffi::Error::Success();
 }

@@ -1,7 +1,8 @@
 """The fused XLA:CPU attention kernel (`rstar_jax.kernels`, issue 12) at the shapes its vectorised paths take: head
-dims 32, 64 and 128 (compiled for each) with grouped query heads, rows longer than one query and one key block, packed
-segments and padding, against the dense reference within 1e-5; what it refuses; and that remat policy
-'dots_attention_saveable' keeps its forward output instead of calling it again in the backward pass."""
+dims 32, 64, 128 and 48 (padded to whole vector tiles) with grouped query heads, rows longer than one block, packed
+segments (tiles it masks, skips and computes unmasked) and padding, against the dense reference within 1e-5; what it
+refuses; and that remat policy 'dots_attention_saveable' keeps its forward output instead of calling it again in the
+backward pass."""
 
 import jax
 import jax.numpy as jnp
@@ -15,13 +16,14 @@ from rstar_jax.model.attention import grouped_attention
 from rstar_jax.model.segments import causal_segment_mask
 
 
-@pytest.mark.parametrize("head_dim", [32, 64, 128])
+@pytest.mark.parametrize("head_dim", [32, 48, 64, 128])
 def test_kernel_equals_dense_reference_with_gradients(head_dim):
     rng = np.random.default_rng(head_dim)
-    batch, length, kv_heads, groups = 3, 150, 2, 2  # 150 tokens: 10 query blocks (the last partial), 3 key blocks
+    batch, length, kv_heads, groups = 4, 150, 2, 2  # 150 tokens: 3 blocks of 64 (the last partial)
     segments = np.ones((batch, length), np.int32)
     segments[1, :40], segments[1, 40:90], segments[1, 90:] = 0, 1, 2  # left padding, then two packed sequences
     segments[2, 100:] = 0  # right padding
+    segments[3, 64:] = 2  # sequences on block boundaries: whole blocks of one segment that read or skip others
     segments = jnp.asarray(segments)
     q = jnp.asarray(rng.normal(size=(batch, length, kv_heads, groups, head_dim)), jnp.float32)
     k, v = (jnp.asarray(rng.normal(size=(batch, length, kv_heads, head_dim)), jnp.float32) for _ in range(2))
