@@ -5,10 +5,12 @@ writes the boxed answer inside `<answer>`. A set fraction make a faulty call fir
 GRPO-RoC to remove. The faults (`sft_transcripts.fault_kinds`):
 - "syntax", "name": the program's final print is broken, so nothing is printed; the transcript reads the real error
   and fixes it with a second call (which copies the question's numbers again: a costly error for a tiny model);
-- "trailing": a line after the answer's print raises (a NameError, ZeroDivisionError or TypeError), so the call
-  fails but its stdout already holds the answer and the transcript answers from it without a second call. Harmless
-  to the outcome by construction: an outcome-only reward has no reason to remove it, a quality-aware one (GRPO-RoC,
-  penalty rewards) does, the setting of SPEC 4's Figure 4 (issue 11).
+- "trailing": a line after the answer's print ends the program with a failure status (`raise SystemExit(1)`, or
+  with a one-line message), so the call fails but its stdout already holds the answer and the transcript answers
+  from it without a second call. Harmless to the outcome by construction: an outcome-only reward has no reason to
+  remove it, a quality-aware one (GRPO-RoC, penalty rewards) does, the setting of SPEC 4's Figure 4 (issue 11).
+  No traceback: one between the printed answer and the answer turn made the tiny demo model miscopy the answer
+  (1 of 26 such samples correct against 24 of 46 clean ones), which made the error costly again.
 Token ids and loss mask come from the `TrajectoryBuilder` (mask 1 on assistant tokens only). Which tasks are faulty
 and every written word are decided by the seed, so the same seed and the same tool outputs give the same ids.
 """
@@ -38,7 +40,7 @@ _FAULTY_FINAL_LINES = {
     "name": ("print(answer)", "print(reslt)"),
 }
 TRAILING_FAULT = "trailing"
-_TRAILING_LINES = ("print(reslt)", "print(result / 0)", "print(result + '')")
+_TRAILING_LINES = ("raise SystemExit(1)", "raise SystemExit('unchecked')")
 FAULT_KINDS = (*sorted(_FAULTY_FINAL_LINES), TRAILING_FAULT)
 INTROS = (  # the first assistant turn's reason, one chosen per transcript (and per copy drill)
     "Doing this by hand is error-prone, so I compute it exactly with Python.",
@@ -92,8 +94,8 @@ def _check_fault_kinds(fault_kinds: Sequence[str]) -> None:
 
 
 def faulty_version(code: str, fault: str, rng: random.Random) -> str:
-    """`code` broken on purpose: its final print made a SyntaxError ("syntax") or NameError ("name"), or a line
-    that raises added after it ("trailing": the answer is printed first)."""
+    """`code` broken on purpose: its final print made a SyntaxError ("syntax") or NameError ("name"), or a failing
+    exit added after it ("trailing": the answer is printed first)."""
     _check_fault_kinds((fault,))
     if not code.endswith(_FINAL_LINE):
         raise ValueError(f"a solution program must end with {_FINAL_LINE!r} to be broken on purpose: {code!r}")

@@ -26,8 +26,7 @@ def _outcomes(plan) -> list[Outcome]:
     if plan.faulty_code is None:
         return [answer]
     if plan.fault == "trailing":
-        return [ToolResult("error", answer.stdout, "Traceback (most recent call last):\nZeroDivisionError: division by "
-                                                   "zero\n", 1, 4.0)]
+        return [ToolResult("error", answer.stdout, "unchecked\n", 1, 4.0)]
     error = "SyntaxError: '(' was never closed" if plan.fault == "syntax" else "NameError: name 'answer' is not defined"
     return [ToolResult("error", "", f"Traceback (most recent call last):\n{error}\n", 1, 4.0), answer]
 
@@ -43,9 +42,11 @@ def test_exactly_the_set_fraction_starts_with_a_fault_chosen_by_seed() -> None:
         plan_solutions(tasks, seed=3, faulty_fraction=1.5)
 
 
-@pytest.mark.parametrize(("fault", "errors"), [("syntax", ("SyntaxError",)), ("name", ("NameError",)),
-                                              ("trailing", ("NameError", "ZeroDivisionError", "TypeError"))])
-def test_faulty_programs_really_raise_their_error(fault: str, errors: tuple[str, ...]) -> None:
+@pytest.mark.parametrize(("fault", "stderr_marks"), [("syntax", ("SyntaxError",)), ("name", ("NameError",)),
+                                                    ("trailing", ("", "unchecked"))])
+def test_faulty_programs_really_fail(fault: str, stderr_marks: tuple[str, ...]) -> None:
+    """Each fault exits with status 1; syntax and name faults print nothing and raise their error, a trailing fault
+    prints the answer first and leaves a stderr of at most one line (each of its variants is drawn)."""
     import random
 
     seen = set()
@@ -53,12 +54,14 @@ def test_faulty_programs_really_raise_their_error(fault: str, errors: tuple[str,
         task = synthetic_tasks(1, seed=seed)[0]
         code = faulty_version(task.solution_code, fault, random.Random(seed))
         run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
-        [error] = [name for name in errors if name in run.stderr]
-        seen.add(error)
         assert run.returncode == 1, (code, run.stderr)
-        # A trailing fault prints the answer before it raises; the others print nothing.
-        assert run.stdout == (task.problem.answer + "\n" if fault == "trailing" else ""), (code, run.stdout)
-    assert seen == set(errors)
+        if fault == "trailing":
+            assert run.stdout == task.problem.answer + "\n" and run.stderr.strip() in stderr_marks, (code, run)
+            seen.add(run.stderr.strip())
+        else:
+            assert run.stdout == "" and stderr_marks[0] in run.stderr, (code, run)
+            seen.add(stderr_marks[0])
+    assert seen == set(stderr_marks)
     with pytest.raises(ValueError, match="unknown or no fault kinds"):
         faulty_version(task.solution_code, "typo", random.Random(0))
     with pytest.raises(ValueError, match="unknown or no fault kinds"):
@@ -79,7 +82,7 @@ def test_a_trailing_fault_answers_from_the_failed_call_without_a_second_call() -
     assert plan_solutions(synthetic_tasks(6, seed=2), seed=0, faulty_fraction=0.5) == plan_solutions(
         synthetic_tasks(6, seed=2), seed=0, faulty_fraction=0.5, fault_kinds=("syntax", "name"))
     [faulty] = [plan for plan in plans if plan.faulty_code][:1]
-    wrong = ToolResult("error", "12\n", "Traceback (most recent call last):\nTypeError\n", 1, 1.0)
+    wrong = ToolResult("error", "12\n", "", 1, 1.0)
     with pytest.raises(SandboxMismatchError, match="expected stdout"):
         build_transcript(faulty, [wrong], tokenizer)
 

@@ -35,7 +35,7 @@ def test_transcripts_carry_the_sandbox_real_outputs_and_are_deterministic() -> N
     finally:
         gin.clear_config()
 
-    # A trailing fault: the sandbox reports the failure with the answer already on stdout, and the transcript
+    # A trailing fault: the sandbox reports the failing exit with the answer already on stdout, and the transcript
     # answers from it with no second call.
     assert sum(t.faulty_first_call for t in trailing) == 4
     for transcript in trailing:
@@ -43,8 +43,8 @@ def test_transcripts_carry_the_sandbox_real_outputs_and_are_deterministic() -> N
         [response] = re.findall(r"<tool_response>\n(.*?)\n</tool_response>", text, re.DOTALL)
         answer = transcript.problem.answer
         if transcript.faulty_first_call:
-            assert response.startswith(f"failed (error), exit code 1\nstdout:\n{answer}\nstderr:\nTraceback"), response
-            assert re.search(r"(NameError|ZeroDivisionError|TypeError)", response), response
+            assert response in (f"failed (error), exit code 1\nstdout:\n{answer}",
+                                f"failed (error), exit code 1\nstdout:\n{answer}\nstderr:\nunchecked"), response
         assert text.endswith(f"<answer>\\boxed{{{answer}}}</answer><|im_end|>")
 
     assert first == second
