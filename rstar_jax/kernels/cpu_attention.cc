@@ -272,6 +272,18 @@ Tile Classify(const std::vector<SegmentRange>& ranges, int64_t query_block, int6
   return key_block < query_block && one_segment ? Tile::kFull : Tile::kMasked;
 }
 
+// Calls visit(k0, nk, diagonal, masked) for each key block that query block qb (queries [q0, q0 + nq)) reads: the
+// blocks up to the diagonal, less the skipped tiles; nk counts the block's keys up to the block's last query.
+template <typename Visit>
+void ForEachKeyTile(const std::vector<SegmentRange>& ranges, int64_t qb, int64_t q0, int64_t nq, Visit visit) {
+  for (int64_t kb = 0; kb <= qb; ++kb) {
+    const Tile tile = Classify(ranges, qb, kb);
+    if (tile == Tile::kSkip) continue;
+    const int64_t k0 = kb * kBlock;
+    visit(k0, std::min(kBlock, q0 + nq - k0), kb == qb, tile == Tile::kMasked);
+  }
+}
+
 // The scaled scores of query t against keys [k, k + kLanes), with the keys it may not read set to -inf when
 // masked (allowed_keys of segments.py, and causal); `segments` is padded with 0 to whole blocks.
 inline Vec ScaledScores(Vec scores, const int32_t* segments, int64_t t, int64_t k, bool masked, float scale) {
@@ -363,23 +375,19 @@ void ForwardPair(const Shape& s, const float* q, const float* k, const float* v,
       w.acc.assign(kBlock * padded, 0.0f);
       std::fill_n(row_max, kBlock, kNegInf);
       std::fill_n(row_sum, kBlock, 0.0f);
-      for (int64_t kb = 0; kb <= qb; ++kb) {
-        const Tile tile = Classify(w.ranges, qb, kb);
-        if (tile == Tile::kSkip) continue;
-        const int64_t k0 = kb * kBlock, nk = std::min(kBlock, q0 + nq - k0);
-        const bool diagonal = kb == qb;
+      ForEachKeyTile(w.ranges, qb, q0, nq, [&](int64_t k0, int64_t nk, bool diagonal, bool masked) {
         RowsTimesColumns(w.queries.data(), w.keys_t.data() + k0 * padded, rows, padded, diagonal, w.scores.data());
         for (int64_t i = 0; i < nq; ++i) {
           float* row = w.scores.data() + i * kBlock;
-          const float rescale = SoftmaxStep(row, w.segments.data(), q0 + i, k0, tile == Tile::kMasked, scale,
-                                            &row_max[i], &row_sum[i]);
+          const float rescale = SoftmaxStep(row, w.segments.data(), q0 + i, k0, masked, scale, &row_max[i],
+                                            &row_sum[i]);
           float* acc_row = w.acc.data() + i * padded;
 #pragma omp simd
           for (int64_t d = 0; d < padded; ++d) acc_row[d] *= rescale;
         }
         std::fill(w.scores.begin() + nq * kBlock, w.scores.begin() + rows * kBlock, 0.0f);  // padding rows
         AddWeightedRows(w.scores.data(), w.values.data() + k0 * padded, rows, nk, padded, diagonal, w.acc.data());
-      }
+      });
       for (int64_t i = 0; i < nq; ++i) {
         float* out_row = out + s.q_index(b, q0 + i, h);
         const bool reads = row_sum[i] > 0.0f;
@@ -421,17 +429,13 @@ void BackwardPair(const Shape& s, const float* q, const float* k, const float* v
         row_lse[i] = lse[s.lse_index(b, h, q0 + i)];
       }
       w.acc.assign(kBlock * padded, 0.0f);  // dQ of the block
-      for (int64_t kb = 0; kb <= qb; ++kb) {
-        const Tile tile = Classify(w.ranges, qb, kb);
-        if (tile == Tile::kSkip) continue;
-        const int64_t k0 = kb * kBlock, nk = std::min(kBlock, q0 + nq - k0);
-        const bool diagonal = kb == qb;
+      ForEachKeyTile(w.ranges, qb, q0, nq, [&](int64_t k0, int64_t nk, bool diagonal, bool masked) {
         RowsTimesColumns(w.queries.data(), w.keys_t.data() + k0 * padded, rows, padded, diagonal, w.scores.data());
         RowsTimesColumns(w.grads.data(), w.values_t.data() + k0 * padded, rows, padded, diagonal,
                          w.d_scores.data());
         for (int64_t i = 0; i < nq; ++i) {
           ProbabilitiesAndGradients(w.scores.data() + i * kBlock, w.d_scores.data() + i * kBlock, w.segments.data(),
-                                    q0 + i, k0, tile == Tile::kMasked, scale, row_lse[i], row_term[i]);
+                                    q0 + i, k0, masked, scale, row_lse[i], row_term[i]);
         }
         std::fill(w.d_scores.begin() + nq * kBlock, w.d_scores.begin() + rows * kBlock, 0.0f);  // padding rows
         const int64_t keys = RoundUp(nk, kSumRows);
@@ -440,7 +444,7 @@ void BackwardPair(const Shape& s, const float* q, const float* k, const float* v
         AddTransposedWeightedRows(w.d_scores.data(), w.queries.data(), nq, keys, padded, diagonal,
                                   w.d_keys.data() + k0 * padded);
         AddWeightedRows(w.d_scores.data(), w.keys.data() + k0 * padded, rows, nk, padded, diagonal, w.acc.data());
-      }
+      });
       for (int64_t i = 0; i < nq; ++i) std::copy_n(w.acc.data() + i * padded, dim, d_q + s.q_index(b, q0 + i, h));
     }
   }
