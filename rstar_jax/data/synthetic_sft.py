@@ -41,7 +41,8 @@ _FAULTY_FINAL_LINES = {
 }
 TRAILING_FAULT = "trailing"
 _TRAILING_LINES = ("raise SystemExit(1)", "raise SystemExit('unchecked')")
-FAULT_KINDS = (*sorted(_FAULTY_FINAL_LINES), TRAILING_FAULT)
+DEFAULT_FAULT_KINDS = tuple(sorted(_FAULTY_FINAL_LINES))  # the faults fixed by a second call
+FAULT_KINDS = (*DEFAULT_FAULT_KINDS, TRAILING_FAULT)
 INTROS = (  # the first assistant turn's reason, one chosen per transcript (and per copy drill)
     "Doing this by hand is error-prone, so I compute it exactly with Python.",
     "I will let Python do the exact arithmetic.",
@@ -105,7 +106,7 @@ def faulty_version(code: str, fault: str, rng: random.Random) -> str:
 
 
 def plan_solutions(tasks: Sequence[SyntheticTask], seed: int, faulty_fraction: float,
-                   fault_kinds: Sequence[str] = ("name", "syntax")) -> list[SolutionPlan]:
+                   fault_kinds: Sequence[str] = DEFAULT_FAULT_KINDS) -> list[SolutionPlan]:
     """A plan per task; exactly round(faulty_fraction * len(tasks)) of them, chosen by the seed, start faulty, each
     with a fault drawn from `fault_kinds`."""
     if not 0.0 <= faulty_fraction <= 1.0:
@@ -183,7 +184,7 @@ def assistant_turns(plan: SolutionPlan, outcomes: Sequence[ToolOutcome]) -> list
     _check_outcomes(plan, outcomes)
     calls = [ToolCall(code=code) for code in plan.programs]
     turns = [AssistantTurn(f"<reason>{plan.intro}</reason>", calls[0])]
-    if len(plan.programs) == 2:
+    if plan.faulty_code is not None and not plan.answers_from_faulty_call:
         fix = f"The program failed with {_error_name(outcomes[0])}. I fix the code and run it again."
         turns.append(AssistantTurn(f"<reason>{fix}</reason>", calls[1]))
     value = outcomes[-1].stdout.strip()
@@ -230,7 +231,7 @@ async def sft_transcripts(
     tokenizer: PreTrainedTokenizerBase,
     seed: int = 0,
     faulty_fraction: float = 0.25,
-    fault_kinds: Sequence[str] = ("name", "syntax"),
+    fault_kinds: Sequence[str] = DEFAULT_FAULT_KINDS,
     max_concurrency: int = 8,
 ) -> list[SftTranscript]:
     """SFT transcripts for `tasks`, in order, with the tool's real outputs (issue 4.5); `faulty_fraction` of them
