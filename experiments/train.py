@@ -31,6 +31,9 @@ from rstar_jax.console import log_to, say
 from rstar_jax.gin_setup import knob_help, parse_gin, write_operative_config
 from rstar_jax.model import load_hf
 from rstar_jax.model.folder import save_model_folder
+from rstar_jax.parallel.gpu_placement import apply_learner_devices, learner_devices
+from rstar_jax.rollout.backends import RolloutBackend
+from rstar_jax.parallel import make_mesh
 from rstar_jax.train.metrics import read_metrics
 from rstar_jax.train.plots import plot_metrics
 from rstar_jax.train.dry_run import DryRunError, format_dry_run, plan_dry_run
@@ -51,6 +54,14 @@ def distributed(initialize: bool = False, coordinator_address: str | None = None
     if initialize:
         jax.distributed.initialize(coordinator_address=coordinator_address, num_processes=num_processes,
                                    process_id=process_id)
+
+
+def place_learner() -> None:
+    """One node shared by the learner and the vLLM servers it launches (gin/paper/one_node.gin): restrict JAX to
+    gin `learner_devices.gpus` with `learner_devices.memory_fraction` of each, after checking them against
+    `RolloutBackend.vllm_per_server_gpus` (disjoint, within `learner_devices.node_gpus`). Nothing bound: nothing
+    changes. Runs before anything touches a device (see `rstar_jax.parallel.gpu_placement`)."""
+    apply_learner_devices(learner_devices(), RolloutBackend().launched_server_gpus)
 
 
 def dry_run(device_count: int) -> int:
@@ -85,17 +96,21 @@ def main(argv: Sequence[str] | None = None) -> Path | int:
     parse_gin(args.gin_file or [TINY_MODEL_GIN, SFT_GIN, DEMO_GIN], args.gin_param)
     if args.dry_run:
         return dry_run(args.devices if args.devices is not None else jax.device_count())
+    place_learner()
     distributed()
     out = Path(args.out)
-    model = load_hf(args.model)
+    mesh = make_mesh()
+    model = load_hf(args.model, mesh=mesh)  # straight into its shards; precision from gin (recipe: f32 / bf16)
+    config = model.config
     with log_to(out / "train.log"):
-        trainer = RLTrainer(out, model.config, model.params, args.model)
+        trainer = RLTrainer(out, config, model.params, args.model, mesh=mesh)
+        del model  # the trainer's state takes the parameters over: no second copy stays on the devices
         if args.sandbox_url:
             params = trainer.run(args.sandbox_url)
         else:
             with running_server(["--workers", "2"]) as sandbox:
                 params = trainer.run([sandbox.url])
-        folder = save_model_folder(model.config, params, out / "model", args.model)
+        folder = save_model_folder(config, params, out / "model", args.model)
         plot_metrics(read_metrics(out / "metrics.jsonl"), out / "plots", "RL")
         write_operative_config(out)
         say(f"wrote {folder}; metrics in {out / 'metrics.jsonl'}, plots in {out / 'plots'}")

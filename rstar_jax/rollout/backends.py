@@ -20,6 +20,7 @@ import gin
 from rstar_jax.model import ModelConfig
 from rstar_jax.model.folder import save_model_folder
 from rstar_jax.model.lm import Params
+from rstar_jax.parallel.gpu_placement import check_gpu_placement
 from rstar_jax.rollout.balancer import Balancer
 from rstar_jax.rollout.jax_engine import JaxEngine
 from rstar_jax.rollout.router import FailoverEngine
@@ -67,8 +68,9 @@ class RolloutBackend:
 
     backend "jax": `jax_engines` in-process engines of `slots` x `max_len` tokens each. backend "vllm":
     `vllm_servers` servers launched on WORK_DIR/serving_model (flags from gin `server_command` / `server_env`; on a CPU
-    box each pinned to its `vllm_per_server_cpus` entry), or the servers at `vllm_urls`, which are sent the weights
-    first. `router`: "failover" or "balancer" (see the module docstring; with JAX engines, which reuse a whole
+    box each pinned to its `vllm_per_server_cpus` entry; on a GPU node each on its `vllm_per_server_gpus` entry, GPU
+    indices of this node: CUDA_VISIBLE_DEVICES / HIP_VISIBLE_DEVICES and --tensor-parallel-size, see
+    `rstar_jax.parallel.gpu_placement`), or the servers at `vllm_urls`, which are sent the weights first. `router`: "failover" or "balancer" (see the module docstring; with JAX engines, which reuse a whole
     prompt still held in a slot but no shorter prefix, bind `Balancer.part_tokens = None`).
     """
 
@@ -80,6 +82,7 @@ class RolloutBackend:
     vllm_servers: int = 2
     vllm_urls: tuple[str, ...] = ()
     vllm_per_server_cpus: tuple[tuple[int, ...], ...] = ()
+    vllm_per_server_gpus: tuple[tuple[int, ...], ...] = ()
 
     def __post_init__(self) -> None:
         if self.backend not in BACKENDS:
@@ -91,6 +94,20 @@ class RolloutBackend:
                              f"{self.jax_engines}, {self.slots}, {self.vllm_servers}, {self.max_len}")
         object.__setattr__(self, "vllm_urls", tuple(self.vllm_urls))
         object.__setattr__(self, "vllm_per_server_cpus", tuple(tuple(cpus) for cpus in self.vllm_per_server_cpus))
+        object.__setattr__(self, "vllm_per_server_gpus", tuple(tuple(gpus) for gpus in self.vllm_per_server_gpus))
+        if self.vllm_per_server_gpus:
+            if self.vllm_urls:
+                raise ValueError("RolloutBackend.vllm_per_server_gpus places the servers this run launches; with "
+                                 "vllm_urls it attaches to running servers instead: bind one of the two")
+            if len(self.vllm_per_server_gpus) != self.vllm_servers:
+                raise ValueError(f"RolloutBackend.vllm_per_server_gpus has {len(self.vllm_per_server_gpus)} entries "
+                                 f"for vllm_servers = {self.vllm_servers}")
+            check_gpu_placement(None, self.vllm_per_server_gpus)
+
+    @property
+    def launched_server_gpus(self) -> tuple[tuple[int, ...], ...]:
+        """The GPUs of the vLLM servers this run launches on its own node (none when it attaches or uses JAX)."""
+        return self.vllm_per_server_gpus if self.backend == "vllm" and not self.vllm_urls else ()
 
     @property
     def token_limit(self) -> int | None:
@@ -110,7 +127,8 @@ class RolloutBackend:
         else:
             folder = save_model_folder(config, params, Path(work_dir) / "serving_model", tokenizer)
             fleet = VLLMFleet.launch(folder, self.vllm_servers, config, router=ROUTERS[self.router],
-                                     per_server_cpus=self.vllm_per_server_cpus)
+                                     per_server_cpus=self.vllm_per_server_cpus,
+                                     per_server_gpus=self.vllm_per_server_gpus)
         return RolloutEngines(fleet.router, fleet=fleet)
 
 

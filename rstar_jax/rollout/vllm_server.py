@@ -23,6 +23,7 @@ from typing import Any, Sequence
 
 import gin
 
+from rstar_jax.parallel.gpu_placement import check_gpu_placement, server_gpu_placement
 from rstar_jax.paths import REPO_ROOT
 from rstar_jax.rollout.vllm_worker_extension import EXTENSION_QUALNAME
 from sandbox_server.launcher import free_port, killed_with_caller
@@ -180,26 +181,34 @@ def wait_healthy(server: VLLMServer, startup_timeout_s: float = 900.0) -> VLLMSe
 
 @gin.configurable
 def launch_servers(model_dir: str | os.PathLike, count: int, per_server_env: Sequence[dict[str, str]] = (),
-                   per_server_cpus: Sequence[Sequence[int]] = (), **start_options: Any) -> list[VLLMServer]:
+                   per_server_cpus: Sequence[Sequence[int]] = (), per_server_gpus: Sequence[Sequence[int]] = (),
+                   **start_options: Any) -> list[VLLMServer]:
     """Start `count` servers on `model_dir` at once and wait for all; on any failure every one is stopped.
 
-    `per_server_env[i]` is added to server i's environment, e.g. [{"CUDA_VISIBLE_DEVICES": "0"},
-    {"CUDA_VISIBLE_DEVICES": "1"}] to give each server of a GPU node its own device; `per_server_cpus[i]` are server
-    i's CPUs on a CPU node (`start_server`'s `cpus`). `start_options` go to `start_server`.
+    `per_server_gpus[i]` are server i's GPUs on a GPU node (`server_launch_options`: CUDA_VISIBLE_DEVICES /
+    HIP_VISIBLE_DEVICES and --tensor-parallel-size); `per_server_env[i]` is added to server i's environment (after
+    the GPU variables); `per_server_cpus[i]` are server i's CPUs on a CPU node (`start_server`'s `cpus`).
+    `start_options` go to `start_server`.
     """
     if count < 1:
         raise ValueError(f"count must be >= 1, got {count}")
-    for name, per_server in (("per_server_env", per_server_env), ("per_server_cpus", per_server_cpus)):
+    for name, per_server in (("per_server_env", per_server_env), ("per_server_cpus", per_server_cpus),
+                             ("per_server_gpus", per_server_gpus)):
         if per_server and len(per_server) != count:
             raise ValueError(f"{name} has {len(per_server)} entries for {count} servers")
+    if per_server_gpus:
+        check_gpu_placement(None, per_server_gpus)
     shared_env = start_options.pop("extra_env", None) or {}
+    shared_args = list(start_options.pop("extra_args", None) or ())
     servers: list[VLLMServer] = []
     try:
         for index in range(count):
-            env = {**shared_env, **(per_server_env[index] if per_server_env else {})}
+            env, args = server_launch_options(
+                shared_env, shared_args, per_server_gpus[index] if per_server_gpus else None,
+                per_server_env[index] if per_server_env else None)
             if per_server_cpus:
                 start_options["cpus"] = per_server_cpus[index]
-            servers.append(start_server(model_dir, extra_env=env, **start_options))
+            servers.append(start_server(model_dir, extra_env=env, extra_args=args, **start_options))
         for server in servers:
             wait_healthy(server)
     except BaseException:
@@ -207,3 +216,12 @@ def launch_servers(model_dir: str | os.PathLike, count: int, per_server_env: Seq
             server.close()
         raise
     return servers
+
+
+def server_launch_options(shared_env: dict[str, str], shared_args: Sequence[str], gpus: Sequence[int] | None = None,
+                          env: dict[str, str] | None = None) -> tuple[dict[str, str], list[str]]:
+    """(extra_env, extra_args) of one launched server: the shared ones, then its GPU placement (`gpus`, see
+    `rstar_jax.parallel.gpu_placement.server_gpu_placement`; its --tensor-parallel-size comes last, so it wins over
+    a gin one), then its own `env`."""
+    gpu_env, gpu_args = server_gpu_placement(gpus) if gpus is not None else ({}, [])
+    return {**shared_env, **gpu_env, **(env or {})}, [*shared_args, *gpu_args]

@@ -24,6 +24,7 @@ from rstar_jax.eval.heldout import HeldOutEval
 from rstar_jax.model.config import ModelConfig
 from rstar_jax.model.lm import token_logprobs
 from rstar_jax.parallel import make_mesh
+from rstar_jax.parallel.gpu_placement import check_gpu_placement, learner_devices
 from rstar_jax.parallel.plan import ParamPlacement, abstract_mesh, param_placements
 from rstar_jax.rl import PolicyLossOptions, make_selector
 from rstar_jax.rollout.backends import RolloutBackend
@@ -114,6 +115,7 @@ class FleetPlan:
     weight_bytes: int
     budget_bytes: int
     bytes_per_token: int
+    gpus: tuple[tuple[int, ...], ...] = ()  # launched servers' GPUs on the learner's node (vllm_per_server_gpus)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -162,12 +164,15 @@ def _mesh(device_count: int) -> tuple[dict[str, int], Any]:
 def _fleet(config: ModelConfig, backend: RolloutBackend, cluster: ClusterSpec, param_count: int) -> FleetPlan:
     command = gin_kwargs(server_command)
     if backend.backend == "vllm":
-        shape = server_shape(list(command["extra_args"]), command["dtype"], command["max_model_len"])
+        gpus = backend.launched_server_gpus  # launched servers get --tensor-parallel-size len(gpus), the last flag
+        placed = ["--tensor-parallel-size", str(min(map(len, gpus)))] if gpus else []
+        shape = server_shape([*command["extra_args"], *placed], command["dtype"], command["max_model_len"])
         servers = len(backend.vllm_urls) or backend.vllm_servers
         gpu_bytes = int(cluster.fleet_gpu_memory_gib * GIB)
         budget = kv_budget_bytes(shape, gpu_bytes, param_count, int(cluster.fleet_overhead_gib * GIB))
         return FleetPlan("vllm", servers, bool(backend.vllm_urls), shape, gpu_bytes,
-                         param_count * shape.weight_bytes, budget, kv_bytes_per_token(config, shape.kv_dtype_bytes))
+                         param_count * shape.weight_bytes, budget, kv_bytes_per_token(config, shape.kv_dtype_bytes),
+                         gpus)
     # In-process JAX engines: a fixed cache of `slots` sequences of `max_len` tokens each, in the compute dtype.
     dtype_bytes = np.dtype(config.jnp_dtype).itemsize
     per_token = kv_bytes_per_token(config, dtype_bytes)
@@ -175,6 +180,28 @@ def _fleet(config: ModelConfig, backend: RolloutBackend, cluster: ClusterSpec, p
                         max_num_seqs=backend.slots, max_model_len=backend.max_len)
     return FleetPlan("jax", backend.jax_engines, False, shape, 0, param_count * dtype_bytes,
                      backend.slots * backend.max_len * per_token, per_token)
+
+
+def _placement_checks(fleet: FleetPlan, device_count: int, cluster: ClusterSpec) -> tuple[list[str], list[str]]:
+    """(problems, notes) of one node shared by the learner and the servers it launches: gin `learner_devices`
+    against `RolloutBackend.vllm_per_server_gpus` (`rstar_jax.parallel.gpu_placement`) and the devices planned."""
+    learner = learner_devices()
+    problems, notes = [], []
+    try:
+        check_gpu_placement(learner.gpus, fleet.gpus, learner.node_gpus)
+    except ValueError as exc:
+        problems.append(f"GPU placement: {exc}")
+    if learner.gpus is not None and len(learner.gpus) != device_count:
+        problems.append(f"GPU placement: learner_devices.gpus names {len(learner.gpus)} GPUs "
+                        f"({', '.join(map(str, learner.gpus))}) but the plan is for {device_count} learner devices")
+    if len(set(map(len, fleet.gpus))) > 1:
+        notes.append(f"the launched servers have different GPU counts ({[len(g) for g in fleet.gpus]}); the fleet "
+                     f"rows assume the smallest")
+    if learner.memory_fraction is not None and learner.memory_fraction != cluster.learner_memory_fraction:
+        notes.append(f"learner_devices.memory_fraction = {learner.memory_fraction:g} (what the learner will "
+                     f"preallocate) differs from ClusterSpec.learner_memory_fraction = "
+                     f"{cluster.learner_memory_fraction:g} (what this plan assumes)")
+    return problems, notes
 
 
 def _sequences(fleet: FleetPlan, context: int) -> int:
@@ -232,6 +259,9 @@ def plan_dry_run(device_count: int) -> DryRun:
             problems.append(f"{plan.name}: one sequence of {plan.context:,} tokens needs "
                             f"{_gib(sequence_kv_bytes(plan.context, fleet.bytes_per_token, fleet.shape.block_size))}"
                             f" of KV cache, more than a server's budget ({_gib(fleet.budget_bytes)})")
+    placement_problems, placement_notes = _placement_checks(fleet, device_count, cluster)
+    problems += placement_problems
+    notes += placement_notes
     if fleet.backend == "vllm" and fleet.budget_bytes <= 0:
         problems.append(f"rollout fleet: the weights ({_gib(fleet.weight_bytes)}) leave no KV cache on a server of "
                         f"{fleet.shape.tensor_parallel} x {cluster.fleet_gpu_memory_gib:g} GiB at "
@@ -310,6 +340,10 @@ def _fleet_lines(plan: DryRun) -> list[str]:
                else "launched here (RolloutBackend.vllm_servers)")
         overhead = plan.cluster.fleet_overhead_gib
         lines = [f"== rollout fleet: {f.servers} vLLM servers, {how}; flags from gin server_command",
+                 *([f"  on this node's GPUs {' | '.join(','.join(map(str, g)) for g in f.gpus)} "
+                    f"(RolloutBackend.vllm_per_server_gpus; learner on "
+                    f"{','.join(map(str, learner_devices().gpus or ())) or 'every GPU JAX sees'})"]
+                   if f.gpus else []),
                  f"  per server: {f.shape.tensor_parallel} GPU(s) x {f.gpu_memory_bytes / GIB:g} GiB x "
                  f"gpu_memory_utilization {f.shape.gpu_memory_utilization:g} - weights "
                  f"{_count(plan.state.param_count)} x {f.shape.weight_bytes} B ({_gib(f.weight_bytes)})"

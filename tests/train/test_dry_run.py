@@ -159,3 +159,51 @@ def test_the_command_prints_the_plan_and_exits_by_the_outcome(paper_gin, capsys:
     gin.clear_config()
     assert train_main(["--gin_file", "paper/qwen3_0_6b.gin", "--dry_run", "--devices", "12"]) == 1
     assert "not divisible by 8" in capsys.readouterr().err
+
+
+ONE_NODE = {"1.7B": "paper/one_node_qwen3_1_7b.gin", "14B": "paper/one_node_qwen3_14b.gin"}
+
+
+def test_one_node_launches_four_servers_beside_a_four_gpu_learner(paper_gin) -> None:
+    paper_gin(ONE_NODE["1.7B"])
+    plan = plan_dry_run(4)
+    assert plan.mesh_shape == {"data": 1, "fsdp": 4, "tensor": 1}
+    assert (plan.fleet.servers, plan.fleet.attached, plan.fleet.gpus) == (4, False, ((4,), (5,), (6,), (7,)))
+    assert plan.fleet.shape.tensor_parallel == 1 and plan.fleet.shape.gpu_memory_utilization == 0.85
+    # a launched server's KV cache: its GPU (ClusterSpec.fleet_gpu_memory_gib, an H200) x utilization - weights
+    assert plan.fleet.budget_bytes == int(140 * GIB * 0.85 - 1_720_574_976 * 2)
+    assert plan.total_rollouts == 32 * 32                                   # prompts per step scaled down from 512
+    assert [s.sequences_per_server for s in plan.stages] == [117, 81, 81]
+    assert plan.usable_bytes == int(140 * GIB * 0.9)
+
+
+def test_one_node_fits_qwen3_1_7b(paper_gin) -> None:
+    paper_gin(ONE_NODE["1.7B"])
+    plan = plan_dry_run(4)
+    assert not plan.problems and not plan.notes
+    assert plan.state.total < 9 * GIB
+
+
+def test_one_node_fits_qwen3_14b_on_h200s_but_not_on_h100s(paper_gin) -> None:
+    paper_gin(ONE_NODE["14B"])
+    plan = plan_dry_run(4)
+    # float32 weights 4 B, AdamW moments 8 B, gradients (running sum + micro-batch) 8 B per parameter, over fsdp 4
+    total, norms = hand_count(*PAPER["paper/qwen3_14b.gin"])
+    assert plan.state.total == pytest.approx(20 * total / 4, rel=1e-3)     # 68.8 GiB a device
+    assert not plan.problems                                                # 112.3 GiB of 126 GiB at 13K tokens
+    gin.clear_config()
+    paper_gin(ONE_NODE["14B"], "ClusterSpec.device_memory_gib = 80.0", "ClusterSpec.fleet_gpu_memory_gib = 80.0")
+    problems = plan_dry_run(4).problems
+    assert problems and all("the learner needs" in p for p in problems)
+
+
+def test_one_node_placement_errors_are_problems(paper_gin) -> None:
+    paper_gin(ONE_NODE["1.7B"], "learner_devices.gpus = (0, 1, 2, 4)")
+    assert any(p.startswith("GPU placement: GPU 4 is given to both the learner") for p in plan_dry_run(4).problems)
+    gin.clear_config()
+    paper_gin(ONE_NODE["1.7B"], "make_mesh.fsdp = 8")
+    assert any("learner_devices.gpus names 4 GPUs (0, 1, 2, 3) but the plan is for 8" in p
+               for p in plan_dry_run(8).problems)
+    gin.clear_config()
+    paper_gin(ONE_NODE["1.7B"], "learner_devices.node_gpus = 6")
+    assert any("placed on GPU 6, but the node has 6 GPUs" in p for p in plan_dry_run(4).problems)
