@@ -137,7 +137,9 @@ class ModelConfig:
         """Read a Hugging Face Qwen2/Qwen3 config.json dict; reject features this model does not implement.
 
         Handles both transformers 4 (`rope_theta`, `rope_scaling`, `torch_dtype`) and 5 (`rope_parameters`,
-        `dtype`) spellings. `overrides` replace fields after reading (e.g. param_dtype, dtype).
+        `dtype`) spellings. `overrides` replace fields after reading; param_dtype and dtype are decided by
+        `model_precision` (explicit, else gin's bindings, else the checkpoint's). Fields the folder does not fix
+        (remat, attention, matmul precision) come from gin's ModelConfig bindings, as for any ModelConfig.
         """
         family = _family_of(d)
         if d.get("hidden_act", "silu") != "silu":
@@ -154,6 +156,8 @@ class ModelConfig:
             raise ValueError(f"config.json lacks required field(s) {missing}")
         attention_bias = bool(d.get("attention_bias", False))
         checkpoint_dtype = _normalise_dtype(d.get("torch_dtype") or d.get("dtype") or "float32")
+        precision = model_precision(checkpoint_dtype, param_dtype=overrides.pop("param_dtype", None),
+                                    dtype=overrides.pop("dtype", None))
         eos = d.get("eos_token_id")
         fields: dict[str, Any] = dict(
             family=family,
@@ -171,8 +175,7 @@ class ModelConfig:
             o_bias=False if family == "qwen2" else attention_bias,
             qk_norm=family == "qwen3",
             max_position_embeddings=d.get("max_position_embeddings", 32768),
-            param_dtype=checkpoint_dtype,
-            dtype=checkpoint_dtype,
+            **precision,
             bos_token_id=d.get("bos_token_id"),
             eos_token_id=tuple(eos) if isinstance(eos, list) else eos,
             pad_token_id=d.get("pad_token_id"),
@@ -219,6 +222,34 @@ class ModelConfig:
         if self.family == "qwen3":
             d["attention_bias"] = self.qkv_bias
         return d
+
+
+def bound_model_fields(*names: str) -> dict[str, Any]:
+    """gin's unscoped `ModelConfig.<name>` bindings among `names`, those that are bound (nothing when none are)."""
+    bound: dict[str, Any] = {}
+    for name in names:
+        try:
+            bound[name] = gin.query_parameter(f"ModelConfig.{name}")
+        except ValueError:  # not bound (gin says so with a ValueError)
+            continue
+    return bound
+
+
+def model_precision(checkpoint_dtype: str | None = None, *, param_dtype: str | None = None,
+                    dtype: str | None = None) -> dict[str, str]:
+    """The storage and compute dtypes a model is built with: {"param_dtype": ..., "dtype": ...} (issue 22 item 1).
+
+    The one decision the trainer, the SFT run, evaluation and the dry run share (they all build their
+    `ModelConfig` through `from_hf_dict` or from gin, which end here), so the dry run plans what runs. Each dtype is,
+    in order: the explicit argument; gin's `ModelConfig` binding (the recipe's float32 master weights and bfloat16
+    compute); the checkpoint's dtype (`checkpoint_dtype`, from config.json); float32. Why gin before the folder:
+    Qwen3 ships bfloat16 weights, and bfloat16 master weights lose a 1e-6 AdamW update to rounding (a bfloat16
+    weight of 0.02 moves in steps of 1.2e-4), so a run that took the folder's dtype would train without changing.
+    """
+    bound = bound_model_fields("param_dtype", "dtype")
+    fallback = _normalise_dtype(checkpoint_dtype) if checkpoint_dtype is not None else "float32"
+    return {"param_dtype": _normalise_dtype(param_dtype or bound.get("param_dtype") or fallback),
+            "dtype": _normalise_dtype(dtype or bound.get("dtype") or fallback)}
 
 
 def _family_of(d: dict[str, Any]) -> str:

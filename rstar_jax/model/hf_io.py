@@ -1,13 +1,14 @@
 """Hugging Face checkpoints in and out: a folder with config.json and safetensors (one file or an index of shards).
 
-Loading reads one tensor at a time (safetensors `safe_open`, numpy framework) into preallocated stacked [L, ...]
-arrays, so host memory holds one copy of the weights plus one tensor; saving slices one layer's tensor at a time
-into shards of bounded size. HF Linear weights are [out, in]; ours are kernels [in, out], hence the transposes.
+Loading reads each device's slice of each parameter on its own (safetensors `get_slice`, numpy framework) and
+places it (`jax.make_array_from_callback`), so host memory holds one shard at a time; saving slices one layer's
+tensor at a time into shards of bounded size. HF Linear weights are [out, in]; ours are kernels [in, out], hence the transposes.
 bfloat16 travels as ml_dtypes.bfloat16, which safetensors' numpy API reads and writes as BF16.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -18,12 +19,14 @@ from typing import Any, Iterator
 import gin
 import jax
 import numpy as np
+from jax.sharding import Mesh, SingleDeviceSharding
 from safetensors import safe_open
 from safetensors.numpy import save_file
 
 from rstar_jax.model.causal_lm import CausalLM
 from rstar_jax.model.config import ModelConfig
 from rstar_jax.model.lm import Params, init_params
+from rstar_jax.parallel.params import param_shardings
 
 CONFIG_FILE = "config.json"
 SINGLE_FILE = "model.safetensors"
@@ -68,11 +71,14 @@ def tensor_specs(config: ModelConfig) -> list[TensorSpec]:
 
 
 def load_hf(path: str | os.PathLike, *, dtype: str | None = None, param_dtype: str | None = None,
-            shardings: Any = None) -> CausalLM:
-    """Read a Hugging Face Qwen2/Qwen3 folder into a CausalLM (issue 2 item 3).
+            mesh: Mesh | None = None) -> CausalLM:
+    """Read a Hugging Face Qwen2/Qwen3 folder into a CausalLM (issue 2 item 3; issue 22 items 1-2).
 
-    dtype / param_dtype default to the checkpoint's dtype. `shardings` (a tree of jax Shardings shaped like the
-    parameters, e.g. from rstar_jax.parallel.param_shardings) places each tensor as it is moved off the host.
+    dtype / param_dtype: `ModelConfig.from_hf_dict` decides them (`config.model_precision`: explicit, else gin's
+    ModelConfig bindings, else the checkpoint's). With `mesh`, every parameter goes from the safetensors straight
+    into its shards by the partition rules of `rstar_jax.parallel` (`jax.make_array_from_callback`: each device's
+    slice is read from the file on its own, cast on the host, and placed), so no device ever holds a whole
+    unsharded weight and the host holds one shard at a time; without one, everything lands on the default device.
     Errors name the unsupported architecture or feature, the missing tensors, or the tensor whose shape disagrees
     with config.json.
     """
@@ -89,26 +95,38 @@ def load_hf(path: str | os.PathLike, *, dtype: str | None = None, param_dtype: s
         raise ValueError(f"{folder} is missing tensor(s) {missing[:5]}{more} required by its config.json")
 
     shapes = jax.eval_shape(init_params, config, jax.random.key(0))
-    host_dtype = np.dtype(config.jnp_param_dtype)
-    arrays = jax.tree_util.tree_map(lambda leaf: np.empty(leaf.shape, host_dtype), shapes)
-    by_file: dict[Path, list[TensorSpec]] = defaultdict(list)
+    shardings = (param_shardings(shapes, mesh) if mesh is not None
+                 else jax.tree.map(lambda _: SingleDeviceSharding(jax.devices()[0]), shapes))
+    by_leaf: dict[tuple[str, ...], dict[int | None, TensorSpec]] = defaultdict(dict)
     for spec in specs:
-        by_file[locations[spec.hf_name]].append(spec)
-    for file, file_specs in by_file.items():
-        with safe_open(file, framework="np") as reader:
-            for spec in file_specs:
-                tensor = reader.get_tensor(spec.hf_name)
-                if tuple(tensor.shape) != spec.hf_shape:
-                    raise ValueError(f"tensor {spec.hf_name} in {file.name} has shape {tuple(tensor.shape)}, "
-                                     f"but config.json implies {spec.hf_shape}")
-                index = spec.layer if spec.layer is not None else Ellipsis
-                _leaf(arrays, spec.path)[index] = tensor.T if spec.transposed else tensor
-    leaves, treedef = jax.tree_util.tree_flatten(arrays)
-    del arrays  # from here each host array is released as soon as its device copy exists
-    placements = [None] * len(leaves) if shardings is None else treedef.flatten_up_to(shardings)
-    for index, placement in enumerate(placements):
-        leaves[index] = jax.device_put(leaves[index], placement)
-    return CausalLM(config, jax.tree_util.tree_unflatten(treedef, leaves))
+        by_leaf[spec.path][spec.layer] = spec
+    host_dtype = np.dtype(config.jnp_param_dtype)
+    with contextlib.ExitStack() as stack:
+        readers = {file: stack.enter_context(safe_open(file, framework="np")) for file in set(locations.values())}
+        for spec in specs:
+            shape = tuple(readers[locations[spec.hf_name]].get_slice(spec.hf_name).get_shape())
+            if shape != spec.hf_shape:
+                raise ValueError(f"tensor {spec.hf_name} in {locations[spec.hf_name].name} has shape {shape}, "
+                                 f"but config.json implies {spec.hf_shape}")
+
+        def read(spec: TensorSpec, index: tuple[slice, ...]) -> np.ndarray:
+            """Our-layout slice `index` of one HF tensor (kernels are read transposed), in the param dtype."""
+            tensor = readers[locations[spec.hf_name]].get_slice(spec.hf_name)
+            part = tensor[index[::-1]].T if spec.transposed else tensor[index]
+            return np.asarray(part).astype(host_dtype, copy=False)
+
+        def place(keypath: tuple[Any, ...], leaf: jax.ShapeDtypeStruct, sharding: Any) -> jax.Array:
+            layers = by_leaf[tuple(key.key for key in keypath)]
+
+            def shard(index: tuple[slice, ...]) -> np.ndarray:
+                if None in layers:
+                    return read(layers[None], index)
+                return np.stack([read(layers[layer], index[1:]) for layer in range(*index[0].indices(leaf.shape[0]))])
+
+            return jax.make_array_from_callback(leaf.shape, sharding, shard, dtype=host_dtype)
+
+        params = jax.tree_util.tree_map_with_path(place, shapes, shardings)
+    return CausalLM(config, params)
 
 
 @gin.configurable

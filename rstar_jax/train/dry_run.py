@@ -312,7 +312,8 @@ def _memory_lines(plan: DryRun) -> list[str]:
                  (f"optimiser (AdamW: 2 moments, {c.param_dtype})", s.optimizer),
                  ("gradients (running sum + micro-batch)", s.gradients),
                  ("reference policy (only with a KL term)", s.reference),
-                 ("state total", s.total))),
+                 ("state total", s.total),
+                 ("build peak (sharded load + jitted init)", s.build_peak))),
              f"  activations: micro-batch of {plan.micro_batch_rows} rows (RLSettings.micro_batch_rows), "
              f"token_logprobs chunk {plan.chunk}",
              f"  {'stage':<10} {'steps':>5} {'T':>7} {'rows/dev':>8} {'saved':>10} {'layer':>10} {'attention':>10} "

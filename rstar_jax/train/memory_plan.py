@@ -21,7 +21,7 @@ from rstar_jax.model.config import ModelConfig
 from rstar_jax.model.lm import init_params
 from rstar_jax.parallel import activation_sharding
 from rstar_jax.parallel.plan import tree_bytes, tree_bytes_per_device
-from rstar_jax.train.state import init_train_state, train_state_shardings
+from rstar_jax.train.state import abstract_train_state, train_state_shardings
 
 ACTIVATION_FORMULA = """\
 activations per device, one micro-batch's backward pass (an estimate; N = b x T tokens on the device: b rows of
@@ -31,12 +31,14 @@ split; D head_dim; L layers; c compute-dtype bytes; B the attention block; C tok
   saved across layers  L x N x s x c, with s by ModelConfig.remat_policy:
       full           s = E                                  (only each layer's input; the layer is recomputed)
       dots_saveable  s = 3E + (2H + 2K)D + 2I               (matmul outputs: q, k, v, attention, o, gate, up, down)
-      dots_attention_saveable                               (the same: the fused CPU attention's output kept too)
+      dots_attention_saveable                               (the same: the fused attention's output kept too)
       none           s = 5E + (3H + 3K)D + 3I               (everything a layer makes)
   one layer        N x (5E + (3H + 3K)D + 3I) x c        (the layer being recomputed and differentiated)
   attention        2 x b x H x T x B x 4                 (a block's f32 scores and probabilities; causal_blockwise,
                                                           or dense with attention_block_size B; B = T when dense
-                                                          without blocks and for dot_product's XLA path)
+                                                          without blocks and for dot_product's XLA path; B = 1
+                                                          for pallas and auto, a GPU plan's pallas: its tiles are
+                                                          on chip, the log-sum-exp and row term [b, H, T] remain)
   output head      3 x b x C x V x 4                     (a chunk's f32 logits, softmax and their gradient)
   residual stream  2 x N x E x 4                         (its f32 gradient and the final hidden states)
 checked against XLA's buffer assignment (jax.jit(jax.grad(...)).lower(...).compile().memory_analysis(), on CPU:
@@ -91,7 +93,12 @@ def _per_token(d: LocalDims, policy: str) -> int:
 
 def attention_block(config: ModelConfig, length: int) -> int:
     """The key block B of the training attention: `attention_block_size` for causal_blockwise (and for dense when
-    positive), else the whole length."""
+    positive), else the whole length; 1 for 'pallas', and for 'auto', which is 'pallas' on the GPUs a dry run plans
+    (`attention.resolve_attention_impl`): its [block_q x block_k] tiles live in a program's registers and shared
+    memory, and what it keeps in device memory is the f32 log-sum-exp and the backward pass's row term, b x H x T
+    each (the formula's two terms with B = 1)."""
+    if config.attention_impl in ("pallas", "auto"):
+        return 1
     block = config.attention_block_size
     if config.attention_impl == "dot_product" or block <= 0:
         return length
@@ -129,6 +136,13 @@ class StateMemory:
         """All state bytes on one device."""
         return self.params + self.optimizer + self.gradients + self.reference
 
+    @property
+    def build_peak(self) -> int:
+        """Bytes on one device while the trainer is built (issue 22 item 2): parameters loaded straight into their
+        shards, the AdamW moments created sharded by a jitted init, the reference (KL only) copied sharded; no
+        gradients yet and no whole copy on any device, so the build peaks below the step's state total."""
+        return self.params + self.optimizer + self.reference
+
 
 def abstract_params(config: ModelConfig) -> Any:
     """The parameter tree as ShapeDtypeStructs (`jax.eval_shape` of `init_params`: nothing is allocated)."""
@@ -139,7 +153,7 @@ def state_memory(config: ModelConfig, optimizer: optax.GradientTransformation, m
                  with_reference: bool = False) -> StateMemory:
     """Per-device state bytes on `mesh` for the model and the run's optimiser (see StateMemory)."""
     params = abstract_params(config)
-    state = jax.eval_shape(lambda p: init_train_state(p, optimizer), params)
+    state = abstract_train_state(params, optimizer)
     shardings = train_state_shardings(state, mesh)
     param_bytes = tree_bytes_per_device(state.params, shardings.params)
     return StateMemory(

@@ -20,7 +20,9 @@ from typing import Any, Sequence
 
 import gin
 import jax
+import jax.numpy as jnp
 import numpy as np
+from jax.sharding import Mesh
 
 from rstar_jax.agent.prompt import prompt_token_ids
 from rstar_jax.agent.tool_protocol import ToolExecutor, ToolOutcome
@@ -47,7 +49,8 @@ from rstar_jax.train.rl_checkpoint import (TrainerRecord, latest_record, restore
 from rstar_jax.train.rl_groups import TrainingGroups, training_groups
 from rstar_jax.train.rl_step import RLLearner
 from rstar_jax.train.stages import Stage, check_stages, stage_at
-from rstar_jax.train.state import TrainState, init_train_state, train_state_shardings
+from rstar_jax.train.state import (TrainState, abstract_train_state, init_optimizer_state, new_train_state,
+                                   train_state_shardings)
 from sandbox_server.client import SandboxClient
 
 ZERO_VARIANCE_MODES = ("drop", "refill")
@@ -138,6 +141,9 @@ def _answers(samples: Sequence[RolloutSample], tokenizer: Any) -> list[str]:
 class RLTrainer:
     """A resumable RL run in `run_dir` from a model (`config`, initial `params`) and gin-set `settings`.
 
+    The run's state takes `params` over (no copy when they are already placed on `mesh` by the partition rules, as
+    `load_hf(..., mesh=mesh)` places them; its train steps donate them), so callers must not use them after `run`.
+
     `run(sandbox_urls)` trains every stage (resuming from the latest checkpoint in run_dir), writing
     run_dir/metrics.jsonl, run_dir/tensorboard/ and run_dir/checkpoints/; it returns the final parameters.
     Misconfiguration (sizes, missing data) raises before any rollout.
@@ -145,7 +151,8 @@ class RLTrainer:
 
     def __init__(self, run_dir: str | Path, config: ModelConfig, params: Params, tokenizer: str = "tiny",
                  settings: RLSettings | None = None, selector: Selector | None = None,
-                 loss: PolicyLossOptions | None = None, backend: RolloutBackend | None = None) -> None:
+                 loss: PolicyLossOptions | None = None, backend: RolloutBackend | None = None,
+                 mesh: Mesh | None = None) -> None:
         self.run_dir = Path(run_dir)
         self.config, self.tokenizer_name = config, tokenizer
         self.settings = settings or RLSettings()
@@ -157,9 +164,10 @@ class RLTrainer:
         self._check_sizes()
         optimizer, self.schedule = rl_optimizer(self.settings.total_steps)
         self.optimizer = optimizer
-        self.mesh = make_mesh()
-        self._initial = init_train_state(params, optimizer)
-        self.shardings = train_state_shardings(self._initial, self.mesh)
+        self.mesh = mesh if mesh is not None else make_mesh()
+        self._params: Params | None = params  # handed to the state (or dropped on a resume) by `start_state`
+        self._abstract = abstract_train_state(params, optimizer)
+        self.shardings = train_state_shardings(self._abstract, self.mesh)
         self.learner = RLLearner(config, optimizer, self.schedule, self.mesh, self.shardings,
                                  self.settings.micro_batch_rows, self.loss)
         self.manager = rl_checkpoint_manager(self.run_dir / "checkpoints", self.settings.max_to_keep)
@@ -256,12 +264,19 @@ class RLTrainer:
 
     # ---- the run ------------------------------------------------------------------------------------------------
 
-    def _restore(self, record: TrainerRecord | None, iterator: Any) -> tuple[TrainState, Params | None]:
-        reference_like = self._initial.params if self.loss.needs_reference else None
+    def start_state(self, record: TrainerRecord | None = None,
+                    iterator: Any = None) -> tuple[TrainState, Params | None]:
+        """The run's state and reference: built from the start parameters, or restored from `record`'s checkpoint
+        (which also moves `iterator`, the saved stage's fresh prompt iterator, to its saved position).
+        Either way the trainer then drops its hold on the start parameters, so no second copy stays on a device
+        (issue 22 item 2); a KL reference is a copy sharded like the parameters."""
+        params, self._params = self._params, None
         if record is None:
-            state = jax.device_put(self._initial, self.shardings)
-            return state, (jax.device_put(self._initial.params, self.shardings.params) if reference_like else None)
-        return restore_rl_checkpoint(self.manager, record.step, self._initial, self.shardings, iterator,
+            state = new_train_state(params, self.optimizer, self.shardings)
+            return state, (jax.tree.map(jnp.copy, state.params) if self.loss.needs_reference else None)
+        del params
+        reference_like = self._abstract.params if self.loss.needs_reference else None
+        return restore_rl_checkpoint(self.manager, record.step, self._abstract, self.shardings, iterator,
                                      reference_like)
 
     def run(self, sandbox_urls: Sequence[str], engines: RolloutEngines | None = None) -> Params:
@@ -279,7 +294,7 @@ class RLTrainer:
         stage_index = 0 if record is None else record.stage
         kept = {} if record is None else dict(record.kept_problems)
         iterator = self._iterator(stage_index, kept)
-        state, reference = self._restore(record, iterator)
+        state, reference = self.start_state(record, iterator)
         if start >= settings.total_steps:
             say(f"RL: all {settings.total_steps} steps already done in {self.run_dir}")
             return jax.device_get(state.params)
@@ -342,8 +357,8 @@ class RLTrainer:
         if stage.data_filter == "drop_solved":
             kept[index] = await self._filter_stage(index, engine, executor)
         if stage.reset_optimizer:
-            state = state.replace(opt_state=jax.device_put(self.optimizer.init(state.params),
-                                                           self.shardings.opt_state))
+            state = state.replace(opt_state=init_optimizer_state(state.params, self.optimizer,
+                                                                  self.shardings.opt_state))
         if stage.refresh_reference and reference is not None:
             reference = jax.tree.map(lambda leaf: leaf.copy(), state.params)
         return state, reference, self._iterator(index, kept)

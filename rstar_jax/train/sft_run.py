@@ -34,7 +34,7 @@ from rstar_jax.train.metrics import MetricsWriter
 from rstar_jax.train.optim import sft_optimizer
 from rstar_jax.train.sft import make_sft_step
 from rstar_jax.train.sft_data import TrainingSequence, cached_sft_sequences
-from rstar_jax.train.state import TrainState, init_train_state, train_state_shardings
+from rstar_jax.train.state import TrainState, abstract_train_state, new_train_state, train_state_shardings
 
 MODEL_DIR, SUMMARY_FILE, TRANSCRIPTS_FILE, CHECKPOINT_DIR = "model", "summary.json", "transcripts.jsonl", "checkpoints"
 
@@ -110,15 +110,15 @@ def train_sft(out: str | Path, steps: int = 100, batch_size: int = 16, num_trans
     total = drill_steps + short_steps + steps
     optimizer, schedule = sft_optimizer(total)
     mesh = make_mesh()
-    initial = init_train_state(model.params, optimizer)
-    shardings = train_state_shardings(initial, mesh)
+    abstract = abstract_train_state(model.params, optimizer)
+    shardings = train_state_shardings(abstract, mesh)
     manager = ocp.CheckpointManager((out / CHECKPOINT_DIR).absolute(),
                                     options=ocp.CheckpointManagerOptions(max_to_keep=2, create=True))
     short = [without_system_turn(sequence, token_source.convert_tokens_to_ids(IM_START)) for sequence in sequences]
     iterators = {"transcripts": transcript_batches(sequences, batch_size, data_seed),
                  "short_transcripts": transcript_batches(short, short_batch_size, data_seed + 1)}
-    restored = _restore(manager, initial, shardings, iterators)
-    state = jax.device_put(initial, shardings) if restored is None else restored
+    restored = _restore(manager, abstract, shardings, iterators)
+    state = new_train_state(model.params, optimizer, shardings) if restored is None else restored
     start = int(state.step)
     if start:
         say(f"SFT: resuming {out} after step {start} of {total}")
