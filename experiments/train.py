@@ -64,10 +64,10 @@ def place_learner() -> None:
     apply_learner_devices(learner_devices(), RolloutBackend().launched_server_gpus)
 
 
-def dry_run(device_count: int) -> int:
+def dry_run(device_count: int, model_dir: str | None = None) -> int:
     """Print the dry run's plan of the parsed gin config on `device_count` devices; 0 when it fits, else 1."""
     try:
-        plan = plan_dry_run(device_count)
+        plan = plan_dry_run(device_count, model_dir)
     except DryRunError as exc:
         print(f"dry run: {exc}", file=sys.stderr)
         return 1
@@ -79,7 +79,8 @@ def main(argv: Sequence[str] | None = None) -> Path | int:
     """Command-line entry point; returns the trained model folder (with --dry_run: the exit status)."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
                                      epilog=knob_help([TINY_MODEL_GIN, SFT_GIN, DEMO_GIN], KNOBS))
-    parser.add_argument("--model", help="HF model folder to start from (required unless --dry_run)")
+    parser.add_argument("--model", help="HF model folder to start from (required unless --dry_run; with it, the "
+                        "dry run plans this folder's model)")
     parser.add_argument("--out", help="run folder, an existing one resumes (required unless --dry_run)")
     parser.add_argument("--dry_run", action="store_true", help="check the config for --devices learner devices "
                         "without allocating the model: mesh plan, memory per device, rollouts the fleet's KV holds")
@@ -95,7 +96,7 @@ def main(argv: Sequence[str] | None = None) -> Path | int:
         parser.error("--model and --out are required (unless --dry_run)")
     parse_gin(args.gin_file or [TINY_MODEL_GIN, SFT_GIN, DEMO_GIN], args.gin_param)
     if args.dry_run:
-        return dry_run(args.devices if args.devices is not None else jax.device_count())
+        return dry_run(args.devices if args.devices is not None else jax.device_count(), args.model)
     place_learner()
     distributed()
     out = Path(args.out)

@@ -70,6 +70,16 @@ def tensor_specs(config: ModelConfig) -> list[TensorSpec]:
     return [top_specs["embed"], *layer_specs, *ordered_top]
 
 
+def hf_model_config(path: str | os.PathLike, *, dtype: str | None = None,
+                    param_dtype: str | None = None) -> ModelConfig:
+    """The ModelConfig `load_hf` builds for the folder at `path` (its config.json, precision by
+    `config.model_precision`), without reading any weights: what the dry run plans from (issue 22 item 1)."""
+    config_path = Path(path) / CONFIG_FILE
+    if not config_path.is_file():
+        raise FileNotFoundError(f"{path} has no {CONFIG_FILE}; expected a Hugging Face model folder")
+    return ModelConfig.from_hf_dict(json.loads(config_path.read_text()), dtype=dtype, param_dtype=param_dtype)
+
+
 def load_hf(path: str | os.PathLike, *, dtype: str | None = None, param_dtype: str | None = None,
             mesh: Mesh | None = None) -> CausalLM:
     """Read a Hugging Face Qwen2/Qwen3 folder into a CausalLM (issue 2 item 3; issue 22 items 1-2).
@@ -83,10 +93,7 @@ def load_hf(path: str | os.PathLike, *, dtype: str | None = None, param_dtype: s
     with config.json.
     """
     folder = Path(path)
-    config_path = folder / CONFIG_FILE
-    if not config_path.is_file():
-        raise FileNotFoundError(f"{folder} has no {CONFIG_FILE}; expected a Hugging Face model folder")
-    config = ModelConfig.from_hf_dict(json.loads(config_path.read_text()), dtype=dtype, param_dtype=param_dtype)
+    config = hf_model_config(folder, dtype=dtype, param_dtype=param_dtype)
     specs = tensor_specs(config)
     locations = _tensor_locations(folder)
     missing = [spec.hf_name for spec in specs if spec.hf_name not in locations]

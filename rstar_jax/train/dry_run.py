@@ -21,7 +21,8 @@ import gin
 import numpy as np
 
 from rstar_jax.eval.heldout import HeldOutEval
-from rstar_jax.model.config import ModelConfig
+from rstar_jax.model.config import ModelConfig, model_precision
+from rstar_jax.model.hf_io import hf_model_config
 from rstar_jax.model.lm import token_logprobs
 from rstar_jax.parallel import make_mesh
 from rstar_jax.parallel.gpu_placement import check_gpu_placement, learner_devices
@@ -145,9 +146,13 @@ class DryRun:
         return int(self.cluster.device_memory_gib * GIB * self.cluster.learner_memory_fraction)
 
 
-def _model_config() -> ModelConfig:
+def _model_config(model_dir: str | None) -> ModelConfig:
+    """The model the trainer would build: from `model_dir`'s config.json as `load_hf` reads it, else from gin's
+    ModelConfig; either way with the dtypes of `model_precision`, the decision the trainer makes (issue 22 item 1)."""
+    if model_dir is not None:
+        return hf_model_config(model_dir)
     try:
-        return ModelConfig()
+        return ModelConfig(**model_precision())
     except TypeError as exc:
         raise DryRunError(f"the gin config defines no model (ModelConfig needs its sizes; give a model gin file such "
                           f"as paper/qwen3_14b.gin or model/tiny.gin): {exc}") from exc
@@ -211,9 +216,10 @@ def _sequences(fleet: FleetPlan, context: int) -> int:
                                 fleet.shape.max_num_seqs)
 
 
-def plan_dry_run(device_count: int) -> DryRun:
-    """The plan of the parsed gin config's RL run on `device_count` learner devices (see the module docstring)."""
-    config = _model_config()
+def plan_dry_run(device_count: int, model_dir: str | None = None) -> DryRun:
+    """The plan of the parsed gin config's RL run on `device_count` learner devices (see the module docstring),
+    for the model in `model_dir` (an HF folder, as `experiments.train --model`) or gin's ModelConfig."""
+    config = _model_config(model_dir)
     mesh_bindings, mesh = _mesh(device_count)
     cluster, settings, backend = ClusterSpec(), RLSettings(), RolloutBackend()
     evaluation = HeldOutEval()

@@ -29,6 +29,9 @@ from rstar_jax.train.rl_batch import rl_micro_batches
 from rstar_jax.train.rl_trainer import RLSettings, RLTrainer
 from rstar_jax.train.stages import Stage
 from rstar_jax.data.problem_source import ProblemSource
+from rstar_jax.gin_setup import parse_gin
+from rstar_jax.paths import REPO_ROOT
+from rstar_jax.train.dry_run import plan_dry_run
 
 RECIPE_PRECISION = ["ModelConfig.param_dtype = 'float32'", "ModelConfig.dtype = 'bfloat16'"]
 SETTINGS = RLSettings(stages=(Stage(steps=1, max_response_tokens=64, max_turns=1,
@@ -88,6 +91,23 @@ def test_recipe_precision_applies_to_a_bfloat16_folder_and_a_1e6_step_moves_the_
         assert largest == pytest.approx(1e-6, rel=0.05)
     else:  # only entries within ~5e-4 of zero have a bfloat16 step (ulp) small enough for 1e-6 to reach
         assert changed < 0.05
+
+
+def test_the_dry_run_plans_the_folders_model_with_the_trainers_precision(tmp_path: Path,
+                                                                         gin_bindings: Callable) -> None:
+    """`--dry_run --model DIR` under the paper recipe plans exactly the ModelConfig `load_hf` builds for the trainer:
+    the folder's architecture, the recipe's float32 masters and bfloat16 compute (not the folder's bfloat16)."""
+    config = ModelConfig(family="qwen3", vocab_size=2048, hidden_size=64, intermediate_size=96, num_layers=2,
+                         num_heads=4, num_kv_heads=2, head_dim=16, tie_word_embeddings=True, pad_token_id=0)
+    folder = _bf16_folder(config, tmp_path / "bf16")
+    gin_bindings([])
+    gin.add_config_file_search_path(str(REPO_ROOT))
+    parse_gin(["paper/qwen3_0_6b.gin"], [])
+    plan = plan_dry_run(8, str(folder))
+    assert plan.config == load_hf(folder).config
+    assert (plan.config.param_dtype, plan.config.dtype, plan.config.hidden_size) == ("float32", "bfloat16", 64)
+    assert plan.state.param_bytes_total == 4 * plan.state.param_count
+    assert plan.state.build_peak == plan.state.params + plan.state.optimizer < plan.state.total
 
 
 class _Row:
