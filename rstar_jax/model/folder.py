@@ -13,7 +13,7 @@ import shutil
 from pathlib import Path
 
 import jax
-from rstar_jax.model.config import ModelConfig
+from rstar_jax.model.config import ModelConfig, model_precision
 from rstar_jax.model.causal_lm import CausalLM
 from rstar_jax.model.hf_io import save_hf
 from rstar_jax.model.lm import Params, init_params
@@ -39,8 +39,9 @@ def save_model_folder(config: ModelConfig, params: Params, out: str | Path, toke
 
 
 def seeded_model(out: str | Path, seed: int = 0, tokenizer: str = "tiny") -> CausalLM:
-    """The gin-configured `ModelConfig` initialised from `seed`, written to `out` with `tokenizer`; returns it."""
-    config = ModelConfig()
+    """The gin-configured `ModelConfig` (dtypes by `model_precision`, as every model is built) initialised from
+    `seed`, written to `out` with `tokenizer`; returns it."""
+    config = ModelConfig(**model_precision())
     model = CausalLM(config, init_params(config, jax.random.key(seed)))
     save_model_folder(config, model.params, out, tokenizer)
     return model
