@@ -3,19 +3,30 @@ plus the call's own new keys, and the training attention over packed rows in eac
 
 Queries are grouped per key/value head ([B, T, Hkv, G, D]) instead of repeating keys, the same arithmetic as HF's
 repeat_kv (query head h reads key/value head h // G). Scores and softmax are float32. A fully masked query row
-(padding) averages all values uniformly instead of producing NaN, in every form.
+(padding) never produces NaN: the XLA forms average the values uniformly, the fused kernels give 0.
 """
 
 from __future__ import annotations
 
+import functools
+import warnings
+
 import jax
 import jax.extend
 import jax.numpy as jnp
+from jax.sharding import PartitionSpec
 
+from rstar_jax.kernels.build import KernelBuildError, load_kernel
+from rstar_jax.kernels.cpu_attention import SOURCE as CPU_KERNEL_SOURCE
 from rstar_jax.kernels.cpu_attention import cpu_fused_attention
+from rstar_jax.kernels.pallas_attention import pallas_attention
 from rstar_jax.model.causal_blockwise import MASKED_SCORE, causal_blockwise_attention
 from rstar_jax.model.config import ATTENTION_IMPLS
 from rstar_jax.model.segments import allowed_keys, causal_segment_mask
+from rstar_jax.parallel import activation_sharding, active_mesh
+
+GPU_PLATFORMS: tuple[str, ...] = ("gpu", "cuda", "rocm")
+AUTO_BLOCK_SIZE = 512  # 'auto' falling back to causal_blockwise with attention_block_size 0 takes this block
 
 
 def grouped_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array,
@@ -126,8 +137,16 @@ def causal_attention(q: jax.Array, k: jax.Array, v: jax.Array, segment_ids: jax.
     - "dot_product": `jax.nn.dot_product_attention`, cuDNN's fused kernel where the backend and dtype allow it
       (`fused_implementation`), XLA's otherwise;
     - "cpu_fused": `kernels.cpu_attention.cpu_fused_attention`, FlashAttention-2 as one C++ call each way through
-      XLA's FFI (CPU, float32, one device; built with g++ on first use).
+      XLA's FFI (CPU, float32, one device; built with g++ on first use);
+    - "pallas": `kernels.pallas_attention.pallas_attention`, FlashAttention-2 in Pallas for GPUs (interpret mode on
+      a CPU); under an active mesh it runs per shard of the batch and key/value heads (`shard_map`: one kernel
+      call has no partitioning rule, and XLA would gather every operand to every device);
+    - "auto": one of the above for this backend, chosen when traced (`resolve_attention_impl`).
     """
+    requested = impl
+    impl = resolve_attention_impl(impl, _platform(), _cpu_kernel_problem() if impl == "auto" else None, q.dtype)
+    if requested == "auto" and impl == "causal_blockwise" and block_size <= 0:
+        block_size = AUTO_BLOCK_SIZE
     if impl == "dense" or (impl == "causal_blockwise" and q.shape[1] <= block_size):
         return grouped_attention(q, k, v, causal_segment_mask(segment_ids), precision,
                                  block_size if impl == "dense" else 0)
@@ -137,7 +156,85 @@ def causal_attention(q: jax.Array, k: jax.Array, v: jax.Array, segment_ids: jax.
         return dot_product_attention(q, k, v, segment_ids, fused_implementation(q.dtype))
     if impl == "cpu_fused":
         return cpu_fused_attention(q, k, v, segment_ids)
+    if impl == "pallas":
+        kernel = functools.partial(pallas_attention, precision=precision, interpret=_platform() == "cpu")
+        return _per_shard(kernel, q, k, v, segment_ids)
     raise ValueError(f"unknown attention implementation {impl!r}; choose from {ATTENTION_IMPLS}")
+
+
+def resolve_attention_impl(impl: str, platform: str, cpu_kernel_problem: str | None = None,
+                           dtype: jax.typing.DTypeLike = jnp.float32) -> str:
+    """The attention implementation `impl` (ModelConfig.attention_impl) runs as on backend `platform`
+    (`jax.default_backend()`: "cpu", "gpu", ...; "cuda" and "rocm" count as GPUs too), issue 22 item 3.
+
+    "auto" is "pallas" on a GPU; on a CPU "cpu_fused" when its kernel builds (`cpu_kernel_problem` None: the
+    caller's `load_kernel` succeeded; else why not, e.g. no g++) and the compute dtype is float32, the only one it
+    takes; "causal_blockwise" otherwise, with one warning naming why. Other names pass through, except two that
+    cannot run here: "cpu_fused" on a GPU (its FFI target exists only for XLA:CPU) and "pallas" on a backend other
+    than a GPU or the CPU (its kernels are written for Triton; the CPU interprets them), each a ValueError naming
+    the fix instead of a failure inside XLA's lowering.
+    """
+    gpu = platform in GPU_PLATFORMS
+    if impl == "cpu_fused" and gpu:
+        raise ValueError(f"attention_impl 'cpu_fused' is an XLA:CPU kernel and cannot run on the {platform} backend; "
+                         "use 'pallas' (the fused GPU kernel) or 'auto'")
+    if impl == "pallas" and not (gpu or platform == "cpu"):
+        raise ValueError(f"attention_impl 'pallas' is written for GPUs (Triton) and cannot run on the {platform} "
+                         "backend; use 'auto' or 'causal_blockwise'")
+    if impl != "auto":
+        return impl
+    if gpu:
+        return "pallas"
+    if platform != "cpu":
+        problem = f"no fused attention kernel for the {platform} backend"
+    elif jnp.dtype(dtype) != jnp.float32:
+        problem = f"'cpu_fused' computes in float32, the model computes in {jnp.dtype(dtype).name}"
+    elif cpu_kernel_problem is not None:
+        problem = cpu_kernel_problem
+    else:
+        return "cpu_fused"
+    _warn_once(f"attention_impl 'auto' runs as 'causal_blockwise' on the {platform} backend: {problem}")
+    return "causal_blockwise"
+
+
+@functools.cache
+def _warn_once(message: str) -> None:
+    warnings.warn(message, stacklevel=3)
+
+
+@functools.cache
+def _platform() -> str:
+    """JAX's default backend, read once (it cannot change within a process)."""
+    return jax.default_backend()
+
+
+@functools.cache
+def _cpu_kernel_problem() -> str | None:
+    """None when the C++ attention kernel builds (or is built) here, else why not; tried once per process."""
+    if _platform() != "cpu":
+        return None
+    try:
+        load_kernel(CPU_KERNEL_SOURCE)
+    except KernelBuildError as error:
+        return str(error).splitlines()[0]
+    return None
+
+
+def _per_shard(attention, q: jax.Array, k: jax.Array, v: jax.Array, segment_ids: jax.Array) -> jax.Array:
+    """`attention(q, k, v, segment_ids)` run per shard under the active mesh (`parallel.use_mesh`), else once.
+
+    Rows and key/value heads are independent, so each device attends over its own: the batch axis splits as the
+    activations' "batch" axis and the head axis as "kv_heads" (as `constrain` splits k and v; a query head's group
+    stays on its key/value head's device); sequence and head_dim stay whole.
+    """
+    mesh = active_mesh()
+    if mesh is None or mesh.size == 1:
+        return attention(q, k, v, segment_ids)
+    rows, _, heads, _ = activation_sharding(mesh, k.shape, "batch", "seq", "kv_heads", "head_dim").spec
+    kv_spec = PartitionSpec(rows, None, heads, None)
+    q_spec = PartitionSpec(rows, None, heads, None, None)
+    return jax.shard_map(attention, mesh=mesh, in_specs=(q_spec, kv_spec, kv_spec, PartitionSpec(rows, None)),
+                         out_specs=q_spec, check_vma=False)(q, k, v, segment_ids)
 
 
 def fused_implementation(dtype: jax.typing.DTypeLike, platform_version: str | None = None) -> str:

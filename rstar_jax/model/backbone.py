@@ -16,7 +16,8 @@ from typing import Any
 import flax.linen as nn
 import jax
 
-from rstar_jax.kernels.cpu_attention import RESIDUAL_NAMES
+from rstar_jax.kernels.cpu_attention import RESIDUAL_NAMES as CPU_RESIDUAL_NAMES
+from rstar_jax.kernels.pallas_attention import RESIDUAL_NAMES as PALLAS_RESIDUAL_NAMES
 from rstar_jax.model.config import ModelConfig
 from rstar_jax.model.layers import DecoderLayer, LayerCache, Masks, NewKeys, RMSNorm, rope_tables
 from rstar_jax.parallel import constrain
@@ -24,10 +25,12 @@ from rstar_jax.parallel import constrain
 _REMAT_POLICIES: dict[str, Any] = {
     "full": None,
     "dots_saveable": jax.checkpoint_policies.dots_saveable,
-    # Also the fused CPU attention's output and log-sum-exp, which its backward call reads: under dots_saveable the
-    # backward pass runs the forward call again (its output is not a dot). 0.96x the step at the drill shape.
+    # Also the fused attention's output and log-sum-exp (cpu_fused's or pallas'), which its backward call reads:
+    # under dots_saveable the backward pass runs the forward call again (its output is not a dot). 0.96x the step at
+    # the drill shape (cpu_fused).
     "dots_attention_saveable": jax.checkpoint_policies.save_from_both_policies(
-        jax.checkpoint_policies.dots_saveable, jax.checkpoint_policies.save_only_these_names(*RESIDUAL_NAMES)),
+        jax.checkpoint_policies.dots_saveable,
+        jax.checkpoint_policies.save_only_these_names(*CPU_RESIDUAL_NAMES, *PALLAS_RESIDUAL_NAMES)),
 }
 
 

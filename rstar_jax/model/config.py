@@ -16,7 +16,7 @@ import jax.numpy as jnp
 FAMILIES: tuple[str, ...] = ("qwen2", "qwen3")
 DTYPES: dict[str, Any] = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
 REMAT_POLICIES: tuple[str, ...] = ("none", "full", "dots_saveable", "dots_attention_saveable")
-ATTENTION_IMPLS: tuple[str, ...] = ("dense", "causal_blockwise", "dot_product", "cpu_fused")
+ATTENTION_IMPLS: tuple[str, ...] = ("dense", "causal_blockwise", "dot_product", "cpu_fused", "pallas", "auto")
 PRECISIONS: dict[str, jax.lax.Precision] = {"default": jax.lax.Precision.DEFAULT, "high": jax.lax.Precision.HIGH,
                                             "highest": jax.lax.Precision.HIGHEST}
 
@@ -32,16 +32,21 @@ class ModelConfig:
     `head_dim` None means hidden_size // num_heads; `qkv_bias` / `qk_norm` None mean the family's default
     (Qwen2: q/k/v bias, no q/k norm; Qwen3: q/k norm, no bias). `o_bias` is Qwen3's `attention_bias` on o_proj.
     `remat_policy` only affects training memory and time (none; full: each layer recomputed in the backward pass;
-    dots_saveable: only matmul outputs kept, the rest recomputed; dots_attention_saveable: also the fused CPU
-    attention's output; see `backbone`), never the numbers beyond float rounding.
+    dots_saveable: only matmul outputs kept, the rest recomputed; dots_attention_saveable: also the fused
+    attention's output and log-sum-exp, cpu_fused's or pallas'; see `backbone`), never the numbers beyond float
+    rounding.
     `matmul_precision` is XLA's precision for float32 matmuls: "default" lets GPUs/TPUs use reduced-precision
     passes (TF32, bf16), "highest" gives full float32 (what transformers parity at 1e-4 needs on those devices;
     CPU is always full precision). `attention_impl` picks the training attention (issue 12; every one gives the
     dense numbers, see `attention.causal_attention`): "dense" (the reference; `attention_block_size` > 0 streams
     its keys in blocks of that size), "causal_blockwise" (blocks of `attention_block_size` > 0, the blocks above
     the diagonal skipped), "dot_product" (`jax.nn.dot_product_attention`, cuDNN's fused kernel on CUDA for
-    16-bit compute) or "cpu_fused" (`rstar_jax.kernels.cpu_attention`: one fused C++ call each way on XLA:CPU,
-    float32, one device). Decoding over a KV cache always uses `attention.cached_attention`.
+    16-bit compute), "cpu_fused" (`rstar_jax.kernels.cpu_attention`: one fused C++ call each way on XLA:CPU,
+    float32, one device), "pallas" (`rstar_jax.kernels.pallas_attention`: Pallas flash attention, forward and
+    backward, for GPUs; interpret mode, slow, on a CPU) or "auto" (issue 22 item 3: "pallas" on a GPU, "cpu_fused"
+    on a CPU where its kernel builds, else "causal_blockwise" with one warning saying why, in blocks of
+    `attention_block_size`, or 512 when that is 0; see `attention.resolve_attention_impl`). Decoding over a KV cache
+    always uses `attention.cached_attention`.
     """
 
     vocab_size: int
