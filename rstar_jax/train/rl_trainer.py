@@ -291,9 +291,11 @@ class RLTrainer:
             raise ValueError(f"{self.run_dir} holds a run with seed {record.seed}, not {settings.seed}; use another "
                              f"run folder")
         start = 0 if record is None else record.step
-        stage_index = 0 if record is None else record.stage
+        # A fresh run has entered no stage yet: `_steps` enters stage 0 like any later one (its header, its data
+        # filter, its optimiser and reference rules); a resumed one is inside the stage its checkpoint saved.
+        stage_index = None if record is None else record.stage
         kept = {} if record is None else dict(record.kept_problems)
-        iterator = self._iterator(stage_index, kept)
+        iterator = None if record is None else self._iterator(record.stage, kept)
         state, reference = self.start_state(record, iterator)
         if start >= settings.total_steps:
             say(f"RL: all {settings.total_steps} steps already done in {self.run_dir}")
@@ -313,7 +315,7 @@ class RLTrainer:
         return jax.device_get(state.params)
 
     async def _loop(self, engines: RolloutEngines, sandbox_urls: Sequence[str], writer: MetricsWriter,
-                    state: TrainState, reference: Params | None, iterator: Any, start: int, stage_index: int,
+                    state: TrainState, reference: Params | None, iterator: Any, start: int, stage_index: int | None,
                     kept: dict[int, list[str]], push_first: bool) -> TrainState:
         try:
             return await self._steps(engines.engine, sandbox_urls, writer, state, reference, iterator, start,
@@ -322,7 +324,7 @@ class RLTrainer:
             await engines.aclose()
 
     async def _steps(self, engine: GenerationEngine, sandbox_urls: Sequence[str], writer: MetricsWriter,
-                     state: TrainState, reference: Params | None, iterator: Any, start: int, stage_index: int,
+                     state: TrainState, reference: Params | None, iterator: Any, start: int, stage_index: int | None,
                      kept: dict[int, list[str]], push_first: bool) -> TrainState:
         settings = self.settings
         if push_first:
@@ -356,6 +358,11 @@ class RLTrainer:
             f"T={stage.max_turns}, data: {stage.data.describe()}")
         if stage.data_filter == "drop_solved":
             kept[index] = await self._filter_stage(index, engine, executor)
+            if not kept[index]:  # a prompt stream filtered down to nothing would wait forever for its first batch
+                raise ValueError(f"stage {stage.name!r}: its difficulty filter ('drop_solved', {stage.filter_samples}"
+                                 f" attempts each) kept none of the {len(self.problems[index][:stage.filter_problems])}"
+                                 f" problems it tried (the model solved every one each time): give the stage "
+                                 f"harder data, more Stage.filter_problems, or no data_filter")
         if stage.reset_optimizer:
             state = state.replace(opt_state=init_optimizer_state(state.params, self.optimizer,
                                                                   self.shardings.opt_state))
