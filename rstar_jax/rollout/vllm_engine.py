@@ -26,7 +26,7 @@ from rstar_jax.rollout.engine import (
     SamplingParams,
 )
 from rstar_jax.rollout.vllm_metrics import capacity_from_metrics
-from rstar_jax.rollout.vllm_weight_sync import SharedSyncCheckpoints, SyncCheckpoint, push_weights
+from rstar_jax.rollout.vllm_weight_sync import SharedSyncCheckpoints, SyncCheckpoint, push_weights, server_dtype
 
 _UNREACHABLE = (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, TimeoutError)
 # vLLM's HTTP server closes a keep-alive connection after 5 idle seconds (VLLM_HTTP_TIMEOUT_KEEP_ALIVE) and aiohttp
@@ -53,6 +53,8 @@ class VLLMServerEngine:
         self.request_timeout_s = request_timeout_s
         self.checkpoints = checkpoints if checkpoints is not None else SharedSyncCheckpoints()
         self.weights_version: int | None = None
+        self._served_dtype: str | None = None
+        self.last_load_report: dict[str, Any] | None = None  # the worker's report of the latest reload
         self._session: aiohttp.ClientSession | None = None
         self._session_loop: asyncio.AbstractEventLoop | None = None
 
@@ -124,18 +126,26 @@ class VLLMServerEngine:
         """KV-cache and queue gauges from the server's /metrics (SPEC section 6)."""
         return capacity_from_metrics(await self._request("GET", "/metrics", timeout_s=30.0))
 
+    async def served_dtype(self) -> str:
+        """The dtype the server holds its weights in (`server_dtype`; asked once, then remembered): what
+        `update_weights` writes."""
+        if self._served_dtype is None:
+            self._served_dtype = await server_dtype(self._client(), self.url)
+        return self._served_dtype
+
     async def load_weights_from(self, checkpoint: SyncCheckpoint, version: int) -> dict[str, Any]:
         """Make the server serve the weights in an already written sync checkpoint; returns the worker's report."""
         report = await push_weights(self._client(), self.url, checkpoint.path)
-        self.weights_version = version
+        self.weights_version, self.last_load_report = version, report
         return report
 
     async def update_weights(self, params: Params, version: int) -> None:
-        """Load `params` into this server from the sync checkpoint of `version`, written once for every engine that
-        shares this engine's `checkpoints` (GenerationEngine)."""
+        """Load `params` into this server from the sync checkpoint of `version` in the server's dtype, written once for
+        every engine of that dtype that shares this engine's `checkpoints` (GenerationEngine)."""
         if self.model_config is None:
             raise ValueError(f"VLLMServerEngine({self.url}) needs model_config to convert parameters in update_weights")
-        async with self.checkpoints.use(self.model_config, params, version) as checkpoint:
+        dtype = await self.served_dtype()
+        async with self.checkpoints.use(self.model_config, params, version, dtype) as checkpoint:
             await self.load_weights_from(checkpoint, version)
 
 

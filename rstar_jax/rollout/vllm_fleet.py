@@ -61,8 +61,9 @@ class VLLMFleet:
         return cls(cls._engines([server.url for server in servers], model_config), model_config, servers, router)
 
     async def update_weights(self, params: Params, version: int) -> SyncTiming:
-        """Push `params` to every live server through `router` (one checkpoint written, reloaded by all servers
-        concurrently, then deleted) and time it.
+        """Push `params` to every live server through `router` (one checkpoint written in the servers' dtype,
+        reloaded by all servers concurrently, then deleted) and time it: gather and write as the checkpoint's writer
+        measured them, load the rest of the wall time (with the servers' pause, reload, reset and resume).
 
         A server that cannot be reached is marked down and skipped from then on; AllEnginesDown (an
         EngineUnavailable) names every failure once none is left; RuntimeError when a reachable server failed to
@@ -74,8 +75,10 @@ class VLLMFleet:
         await self.router.update_weights(params, version)
         seconds = time.perf_counter() - start
         checkpoints = self.engines[0].checkpoints
-        return SyncTiming(megabytes=checkpoints.last_megabytes, write_s=checkpoints.last_write_s,
-                          load_s=seconds - checkpoints.last_write_s, servers=len(self.router.live))
+        written = checkpoints.last_gather_s + checkpoints.last_write_s
+        return SyncTiming(megabytes=checkpoints.last_megabytes, gather_s=checkpoints.last_gather_s,
+                          write_s=checkpoints.last_write_s, load_s=seconds - written, servers=len(self.router.live),
+                          dtype=checkpoints.last_dtype)
 
     async def aclose(self) -> None:
         """Close the engines' HTTP sessions."""

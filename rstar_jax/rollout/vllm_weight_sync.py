@@ -4,6 +4,11 @@ The learner writes its parameters once as an HF checkpoint folder (safetensors s
 each server: POST /pause (in-flight requests finish on the old weights, new ones wait), POST /collective_rpc into
 the worker extension (`vllm_worker_extension`), which reloads the folder in place, POST /reset_prefix_cache (cached
 KV was computed by the old weights), POST /resume. Servers are never restarted.
+
+The folder is written in the dtype the servers run (issue 22 item 4), which each server reports (`server_dtype`):
+vLLM casts whatever it loads to that dtype, so float32 files for a bfloat16 server would double the bytes written
+and read for nothing, and bfloat16 files for a float32 server would lose precision. The cast happens on the learner's
+devices before anything is copied to the host (`save_hf`'s `dtype`).
 """
 
 from __future__ import annotations
@@ -20,13 +25,12 @@ from typing import Any, AsyncIterator
 
 import aiohttp
 import gin
-import jax
 
-from rstar_jax.model.config import ModelConfig
+from rstar_jax.model.config import DTYPES, ModelConfig
 from rstar_jax.model.hf_io import save_hf
 from rstar_jax.model.lm import Params
 from rstar_jax.rollout.engine import EngineUnavailable
-from rstar_jax.rollout.vllm_worker_extension import LOAD_WEIGHTS_METHOD
+from rstar_jax.rollout.vllm_worker_extension import LOAD_WEIGHTS_METHOD, SERVED_DTYPE_METHOD
 
 PAUSE_MODES = ("wait", "keep", "abort")
 _SHM = Path("/dev/shm")
@@ -34,10 +38,14 @@ _SHM = Path("/dev/shm")
 
 @dataclasses.dataclass(frozen=True)
 class SyncCheckpoint:
-    """A written weight-sync checkpoint: its folder of safetensors shards and how many bytes of tensors it holds."""
+    """A written weight-sync checkpoint: its folder of safetensors shards, how many bytes of tensors it holds, their
+    dtype, and the seconds spent waiting for the devices (cast, transpose, copy to host) and writing the files."""
 
     path: Path
     nbytes: int
+    dtype: str
+    gather_s: float = 0.0
+    write_s: float = 0.0
 
     @property
     def megabytes(self) -> float:
@@ -60,18 +68,20 @@ def default_sync_dir(sync_dir: str | None = None) -> Path:
 
 @gin.configurable
 def write_sync_checkpoint(config: ModelConfig, params: Params, version: int, directory: str | os.PathLike | None = None,
-                    shard_size_mb: float = 1024) -> SyncCheckpoint:
-    """Write `params` as an HF checkpoint (save_hf: HF tensor names, shards of at most `shard_size_mb` MiB, so the
-    host holds one shard at a time) in a fresh folder that appears atomically (written, then renamed)."""
+                          shard_size_mb: float = 1024, dtype: str | None = None) -> SyncCheckpoint:
+    """Write `params` as an HF checkpoint in `dtype` (default: the config's param_dtype; a server's `server_dtype`
+    for a sync) in a fresh folder that appears atomically (written, then renamed). `save_hf` casts on the devices and
+    streams each tensor into shards of at most `shard_size_mb` MiB, so the host holds a few tensors at a time."""
     folder = Path(directory) if directory is not None else default_sync_dir()
     folder.mkdir(parents=True, exist_ok=True)
-    final = folder / f"rstar-weights-{os.getpid()}-v{version}"
+    dtype = dtype or config.param_dtype
+    final = folder / f"rstar-weights-{os.getpid()}-v{version}-{dtype}"
     temporary = folder / f".{final.name}.tmp"
     for stale in (final, temporary):
         shutil.rmtree(stale, ignore_errors=True)
-    save_hf((config, params), temporary, shard_size_mb=shard_size_mb)
+    saved = save_hf((config, params), temporary, shard_size_mb=shard_size_mb, dtype=dtype)
     os.replace(temporary, final)
-    return SyncCheckpoint(final, sum(leaf.nbytes for leaf in jax.tree_util.tree_leaves(params)))
+    return SyncCheckpoint(final, saved.nbytes, dtype, saved.gather_s, saved.write_s)
 
 
 @dataclasses.dataclass
@@ -85,35 +95,44 @@ class SharedSyncCheckpoints:
     server reads it), and deletes it when the last of them is done.
 
     The engines of one fleet share one of these: each engine's `update_weights` enters `use(...)` for the version
-    it is given; the first to enter writes the checkpoint (in a thread, off the event loop), the others wait for
-    that same write. A server that is down never enters, so it cannot hold the folder up.
+    and its server's dtype; the first to enter writes the checkpoint (in a thread, off the event loop), the others
+    wait for that same write (servers of another dtype get their own). A server that is down never enters, so it
+    cannot hold the folder up. `last_*` describe the latest write: its MB, dtype, and seconds spent waiting for the
+    devices (`last_gather_s`) and writing files (`last_write_s`, what remains of the write's wall time).
     """
 
     def __init__(self) -> None:
-        self._written: dict[int, _Written] = {}
+        self._written: dict[tuple[int, str], _Written] = {}
+        self.last_gather_s = 0.0
         self.last_write_s = 0.0
         self.last_megabytes = 0.0
+        self.last_dtype: str | None = None
 
-    def _write(self, config: ModelConfig, params: Params, version: int) -> SyncCheckpoint:
+    def _write(self, config: ModelConfig, params: Params, version: int, dtype: str | None = None) -> SyncCheckpoint:
         started = time.perf_counter()
-        checkpoint = write_sync_checkpoint(config, params, version)
-        self.last_write_s, self.last_megabytes = time.perf_counter() - started, checkpoint.megabytes
+        checkpoint = write_sync_checkpoint(config, params, version, dtype=dtype)
+        self.last_gather_s = checkpoint.gather_s
+        self.last_write_s = time.perf_counter() - started - checkpoint.gather_s
+        self.last_megabytes, self.last_dtype = checkpoint.megabytes, checkpoint.dtype
         return checkpoint
 
     @contextlib.asynccontextmanager
-    async def use(self, config: ModelConfig, params: Params, version: int) -> AsyncIterator[SyncCheckpoint]:
-        """The written checkpoint of `version` (written now if no other user has started it) while inside."""
-        entry = self._written.get(version)
+    async def use(self, config: ModelConfig, params: Params, version: int,
+                  dtype: str | None = None) -> AsyncIterator[SyncCheckpoint]:
+        """The written checkpoint of `version` in `dtype` (default: the config's param_dtype; written now if no other
+        user has started it) while inside."""
+        key = (version, dtype or config.param_dtype)
+        entry = self._written.get(key)
         if entry is None:
-            entry = self._written[version] = _Written(asyncio.ensure_future(
-                asyncio.to_thread(self._write, config, params, version)))
+            entry = self._written[key] = _Written(asyncio.ensure_future(
+                asyncio.to_thread(self._write, config, params, version, dtype)))
         entry.users += 1
         try:
             yield await asyncio.shield(entry.task)
         finally:
             entry.users -= 1
             if entry.users == 0:
-                del self._written[version]
+                del self._written[key]
                 if entry.task.done() and not entry.task.cancelled() and entry.task.exception() is None:
                     entry.task.result().remove()
 
@@ -140,6 +159,17 @@ async def _post(session: aiohttp.ClientSession, url: str, body: dict[str, Any] |
                 raise EngineUnavailable(f"POST {url} failed twice: {exc!r}") from exc
         except (aiohttp.ClientConnectionError, TimeoutError) as exc:
             raise EngineUnavailable(f"POST {url} failed: {exc!r}") from exc
+
+
+async def server_dtype(session: aiohttp.ClientSession, base_url: str, timeout_s: float | None = 60.0) -> str:
+    """The dtype the server at `base_url` holds its weights in ("bfloat16", "float16" or "float32"), as its worker
+    reports it: vLLM's `--dtype` after its own resolution ("auto": the start folder's config.json dtype, float32
+    downcast to the platform's 16-bit type), so extra flags, attached servers and platform fallbacks all count."""
+    reply = await _post(session, f"{base_url}/collective_rpc", {"method": SERVED_DTYPE_METHOD}, timeout_s=timeout_s)
+    dtype = reply["results"][0]
+    if dtype not in DTYPES:
+        raise RuntimeError(f"{base_url} serves its weights in {dtype!r}; a weight sync can write {tuple(DTYPES)}")
+    return dtype
 
 
 @gin.configurable
@@ -170,19 +200,28 @@ async def push_weights(session: aiohttp.ClientSession, base_url: str, path: str 
 
 @dataclasses.dataclass(frozen=True)
 class SyncTiming:
-    """One measured weight sync: checkpoint write, reload on all servers, and the throughput figure."""
+    """One measured weight sync: waiting for the devices (cast, transpose, copy to host), writing the checkpoint,
+    reloading it on all servers (with the pause, prefix-cache reset and resume), and the throughput figures.
+    `megabytes` are the bytes written (in `dtype`, the servers' dtype)."""
 
     megabytes: float
+    gather_s: float
     write_s: float
     load_s: float
     servers: int
+    dtype: str | None = None
 
     @property
     def seconds(self) -> float:
-        """Write plus load: what one learner update costs in wall time."""
-        return self.write_s + self.load_s
+        """Gather, write and load: what one learner update costs in wall time."""
+        return self.gather_s + self.write_s + self.load_s
 
     @property
     def seconds_per_mb(self) -> float:
-        """Wall seconds per MB of weights (the benchmark's figure)."""
+        """Wall seconds per MB written (the benchmark's figure)."""
         return self.seconds / self.megabytes
+
+    @property
+    def gigabytes_per_s(self) -> float:
+        """GB (10^9 bytes) written and loaded per wall second, end to end."""
+        return self.megabytes / 1e3 / self.seconds

@@ -6,15 +6,18 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import json
 from pathlib import Path
 
 import gin
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 from safetensors import safe_open
 
-from rstar_jax.model import ModelConfig, init_params, load_hf
+from rstar_jax.model import ModelConfig, init_params, load_hf, tensor_specs
+from rstar_jax.parallel import make_mesh, shard_params
 from rstar_jax.rollout.engine import FINISH_LENGTH, EngineUnavailable, GenerationEngine, SamplingParams
 from rstar_jax.rollout.vllm_engine import VLLMServerEngine, generation_from_completion
 from rstar_jax.rollout.vllm_fleet import VLLMFleet, make_fleet, measure_weight_sync
@@ -150,7 +153,7 @@ def test_sync_checkpoint_is_a_sharded_hf_folder_of_the_params(tmp_path, tied):
     config = dataclasses.replace(SMALL, tie_word_embeddings=tied)
     params = init_params(config, jax.random.key(1))
     checkpoint = write_sync_checkpoint(config, params, version=4, directory=tmp_path, shard_size_mb=0.02)
-    assert checkpoint.path.name.endswith("-v4") and list(tmp_path.iterdir()) == [checkpoint.path]
+    assert checkpoint.path.name.endswith("-v4-float32") and list(tmp_path.iterdir()) == [checkpoint.path]
     shards = shard_paths(checkpoint.path)
     assert len(shards) > 2, "small shards keep the host copy small"
     names = [name for shard in shards for name in safe_open(shard, "np").keys()]
@@ -163,6 +166,43 @@ def test_sync_checkpoint_is_a_sharded_hf_folder_of_the_params(tmp_path, tied):
     assert list(tmp_path.iterdir()) == []
     with pytest.raises(FileNotFoundError, match="no .safetensors"):
         shard_paths(tmp_path)
+
+
+def test_a_float32_learner_syncs_a_bfloat16_server_in_bfloat16_cast_on_the_devices(tmp_path, monkeypatch):
+    """Issue 22 item 4: float32 parameters, sharded over 8 devices, written for a bfloat16 server are bfloat16 files
+    equal to the on-device cast, config.json says bfloat16, and what reaches the host is already bfloat16 (each
+    sharded tensor was cast where its shards live): half the bytes of the float32 checkpoint."""
+    config = dataclasses.replace(SMALL, tie_word_embeddings=False, num_heads=4, num_kv_heads=2, head_dim=8)
+    mesh = make_mesh(fsdp=4, tensor=2)
+    params = shard_params(init_params(config, jax.random.key(3)), mesh)
+    assert all(leaf.dtype == jnp.float32 for leaf in jax.tree_util.tree_leaves(params))
+    expected = jax.device_get(jax.tree_util.tree_map(lambda leaf: leaf.astype(jnp.bfloat16), params))
+    to_host = []
+    device_get = jax.device_get
+    monkeypatch.setattr(jax, "device_get", lambda tree: to_host.append(tree) or device_get(tree))
+
+    checkpoint = write_sync_checkpoint(config, params, version=2, directory=tmp_path, shard_size_mb=0.01,
+                                       dtype="bfloat16")
+    monkeypatch.undo()
+    assert checkpoint.dtype == "bfloat16" and checkpoint.path.name.endswith("-v2-bfloat16")
+    assert len(to_host) == len(tensor_specs(config))
+    assert all(isinstance(x, jax.Array) and x.dtype == jnp.bfloat16 for x in to_host), "cast before the host"
+    assert any(len(x.sharding.device_set) > 1 for x in to_host), "sharded tensors are cast on their devices"
+    hf_config = json.loads((checkpoint.path / "config.json").read_text())
+    assert hf_config["torch_dtype"] == hf_config["dtype"] == "bfloat16"
+    shards = shard_paths(checkpoint.path)
+    assert len(shards) > 2
+    for shard in shards:
+        with safe_open(shard, "np") as reader:
+            assert all(reader.get_tensor(name).dtype == jnp.bfloat16 for name in reader.keys())
+    reloaded = load_hf(checkpoint.path)
+    assert reloaded.config.param_dtype == "bfloat16"
+    for got, want in zip(jax.tree_util.tree_leaves(reloaded.params), jax.tree_util.tree_leaves(expected)):
+        np.testing.assert_array_equal(np.asarray(got).view(np.uint16), want.view(np.uint16))
+    n_params = sum(leaf.size for leaf in jax.tree_util.tree_leaves(params))
+    assert checkpoint.nbytes == 2 * n_params
+    written = sum(shard.stat().st_size for shard in shards)
+    assert 2 * n_params < written < 2 * n_params + len(shards) * 4096, "bfloat16 bytes plus the headers"
 
 
 def test_server_command_and_environment(tmp_path):
@@ -263,3 +303,24 @@ def test_shared_sync_checkpoints_write_each_version_once_and_remove_it_after_the
         gin.clear_config()
     assert writes == [4, 5] and first[0] == first[1] and second[0] == second[1] != first[0]
     assert list(tmp_path.iterdir()) == [] and checkpoints.last_megabytes > 0
+
+
+def test_servers_of_two_dtypes_get_one_checkpoint_each(tmp_path):
+    params = init_params(SMALL, jax.random.key(0))
+    checkpoints = SharedSyncCheckpoints()
+
+    async def load(dtype):
+        async with checkpoints.use(SMALL, params, 6, dtype) as checkpoint:
+            await asyncio.sleep(0.01)
+            return checkpoint
+
+    async def three_servers():
+        return await asyncio.gather(load("bfloat16"), load("float32"), load("bfloat16"))
+
+    try:
+        gin.bind_parameter("default_sync_dir.sync_dir", str(tmp_path))
+        bf16, f32, bf16_again = asyncio.run(three_servers())
+    finally:
+        gin.clear_config()
+    assert bf16 == bf16_again != f32 and (bf16.dtype, f32.dtype) == ("bfloat16", "float32")
+    assert f32.nbytes == 2 * bf16.nbytes and list(tmp_path.iterdir()) == []
