@@ -60,20 +60,48 @@ def _round_half_up(value: float) -> int:
     return int(np.floor(value + 0.5))
 
 
-def roc_class_sizes(num_positive: int, num_negative: int, keep: int) -> tuple[int, int]:
-    """How many positives and negatives RoC keeps out of a group (SPEC 4.3-4.4, the release's rule).
+RELEASE_MINIMUM = 2  # the release's min_zero_reward_trace_num and min_non_zero_reward_trace_num
 
-    Each class keeps its share of `keep` (round(count * keep / total)), so about half of each when keep = total / 2;
-    at least 2 of a class where it has them (1 each when `keep` is too small for 2 + 2); never more than it has.
+
+def roc_class_sizes(num_positive: int, num_negative: int, keep: int, mode: str = "paper") -> tuple[int, int]:
+    """How many positives and negatives RoC keeps out of a group (SPEC 4.3-4.4): (positives, negatives), summing to
+    `keep`, neither more than its class has.
+
+    Each class keeps its share of `keep`, count * keep / total (about half of each when keep = total / 2), and at
+    least 2 of a class where it has them (1 each when `keep` is too small for 2 + 2).
+    - mode "paper" (the paper does not say how it rounds; this is the project's own rule): the positives' share
+      rounded half UP, then raised to the minimum of 2 (or lowered so the negatives keep theirs); the negatives
+      take the rest.
+    - mode "release": the release's rule (rStar2-Agent's `resample_of_correct`, down-sampling to G): each class's
+      share rounded with Python's `round`, half to EVEN (32 -> 16 with 5 positives: round(2.5) = 2 positives,
+      round(13.5) = 14 negatives, where "paper" keeps 3 and 13); then a class whose share is at most its minimum
+      (min(2, count)) is set to that minimum and the other takes the rest, the negatives checked first and the
+      positives last (so the positives' minimum wins). The release asserts that its sizes sum to `keep`, which
+      its two roundings guarantee only when keep = total / 2 with `keep` even (G = 16 of 32: every count); where
+      they do not (an odd G, or keep != total / 2), the positives keep their rounded share and the negatives
+      take the rest. Where `keep` < 4 the release keeps the whole group; this function, which must return `keep`,
+      keeps 1 of each class instead, as "paper" does.
     """
     total = num_positive + num_negative
     if min(num_positive, num_negative) < 0 or not 0 < keep <= total:
         raise ValueError(f"cannot keep {keep} of {num_positive} positive and {num_negative} negative rollouts")
+    if mode not in ROC_MODES:
+        raise ValueError(f"unknown RoC mode {mode!r}; choose from {ROC_MODES}")
     least_positive, least_negative = min(2, num_positive), min(2, num_negative)
     if least_positive + least_negative > keep:
         least_positive, least_negative = min(1, num_positive), min(1, num_negative)
-    positive = _round_half_up(num_positive * keep / total)
-    positive = min(max(positive, least_positive), keep - least_negative, num_positive)
+    if mode == "release":
+        positive = round(num_positive * keep / total)  # half to even, as the release's Python `round`
+        negative = round(num_negative * keep / total)
+        if negative <= least_negative:
+            negative = least_negative
+            positive = keep - negative
+        if positive <= least_positive:
+            positive = least_positive
+        positive = min(positive, keep - least_negative, num_positive)
+    else:
+        positive = _round_half_up(num_positive * keep / total)
+        positive = min(max(positive, least_positive), keep - least_negative, num_positive)
     negative = keep - positive
     if negative > num_negative:
         negative, positive = num_negative, keep - num_negative
@@ -84,7 +112,8 @@ def select_roc(rewards: np.ndarray, penalties: np.ndarray, keep: int, *, mode: s
                penalty_floor: float = 0.05) -> np.ndarray:
     """The indices (ascending) of the `keep` rollouts GRPO-RoC trains on, out of one prompt's 2G (SPEC 4.3-4.4).
 
-    Class sizes come from `roc_class_sizes`. Negatives (reward 0) are drawn uniformly without replacement. Positives
+    Class sizes come from `roc_class_sizes` in the same `mode` ("release": the release's half-to-even rounding;
+    "paper": this project's half-up rounding, see there). Negatives (reward 0) are drawn uniformly without replacement. Positives
     (reward 1) by quality: mode "release" keeps the lowest `penalties` (ties in a seeded random order); mode "paper"
     draws without replacement with probability proportional to 1 / max(penalty, penalty_floor), the floor keeping a
     zero penalty's weight finite. The same arguments always select the same rollouts.
@@ -99,7 +128,7 @@ def select_roc(rewards: np.ndarray, penalties: np.ndarray, keep: int, *, mode: s
     if penalty_floor <= 0:
         raise ValueError(f"penalty_floor must be positive, got {penalty_floor}")
     positives, negatives = np.flatnonzero(rewards == 1), np.flatnonzero(rewards == 0)
-    num_positive, num_negative = roc_class_sizes(len(positives), len(negatives), keep)
+    num_positive, num_negative = roc_class_sizes(len(positives), len(negatives), keep, mode)
     rng = np.random.default_rng(seed)
     kept_negatives = rng.choice(negatives, size=num_negative, replace=False)
     if num_positive == 0:
