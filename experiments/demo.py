@@ -34,13 +34,13 @@ from rstar_jax.eval.report import accuracy_by_kind, comparison_table, example_te
 from rstar_jax.gin_setup import knob_help, parse_gin, write_operative_config
 from rstar_jax.model import load_hf
 from rstar_jax.model.folder import save_model_folder
+from rstar_jax.processes import running_sandbox
 from rstar_jax.train.metrics import read_metrics
 from rstar_jax.rl import make_selector
 from rstar_jax.tokenizers import load_tokenizer
 from rstar_jax.train.plots import plot_metrics
 from rstar_jax.train.rl_trainer import RLSettings, RLTrainer
 from rstar_jax.train.sft_run import train_sft
-from sandbox_server.launcher import running_server
 
 DEMO_GIN = "demo/cpu_demo.gin"
 
@@ -69,7 +69,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     out = Path(args.out)
     started = time.monotonic()
     settings, evaluation = RLSettings(), HeldOutEval()
-    with log_to(out / "demo.log"), running_server(["--workers", "2"]) as sandbox:
+    with log_to(out / "demo.log"), running_sandbox(["--workers", "2"]) as sandbox:
         say("rstar-jax CPU demo: format SFT, then GRPO-RoC, then held-out accuracy before and after")
         with phase("[1/4] format SFT of the tiny model") as sft_time:
             model_dir = train_sft(out / "sft")

@@ -36,9 +36,9 @@ from rstar_jax.eval.finished_sets import finished_rows, mark_finished
 from rstar_jax.eval.model_source import load_model, resolve_model_source
 from rstar_jax.eval.references import SOURCE
 from rstar_jax.gin_setup import GinConfigError, knob_help, parse_gin, write_operative_config
+from rstar_jax.processes import running_sandbox
 from rstar_jax.rollout.backends import RolloutBackend
 from rstar_jax.tokenizers import load_tokenizer
-from sandbox_server.launcher import running_server
 
 DEFAULT_GIN = ("sft/tiny_format.gin", "eval/tiny_cpu.gin")
 KNOBS = ("BenchmarkEval.samples", "BenchmarkEval.temperature", "BenchmarkEval.max_turns",
@@ -111,7 +111,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
                 protocol.run(config, params, str(source.base), tokenizer, todo, args.sandbox_url, out, backend,
                              set_done)
             else:
-                with running_server(["--workers", "2"]) as sandbox:
+                with running_sandbox(["--workers", "2"]) as sandbox:
                     protocol.run(config, params, str(source.base), tokenizer, todo, [sandbox.url], out, backend,
                                  set_done)
         engines = (f"{backend.jax_engines} in-process JAX engine(s) of {backend.slots} x {backend.max_len} tokens"

@@ -27,7 +27,7 @@ from rstar_jax.console import log_to, say
 from rstar_jax.gin_setup import write_operative_config
 from rstar_jax.grid.point_eval import point_summary
 from rstar_jax.grid.runner import SUMMARY_FILE, write_json
-from sandbox_server.launcher import running_server
+from rstar_jax.processes import running_sandbox
 
 DEFAULT_GIN = (TINY_MODEL_GIN, SFT_GIN, DEMO_GIN)
 
@@ -46,7 +46,7 @@ def main(argv: Sequence[str] | None = None) -> Path:
     gin_args = [arg for name in args.gin_file or DEFAULT_GIN for arg in ("--gin_file", name)]
     gin_args += [arg for param in args.gin_param for arg in ("--gin_param", param)]
     with contextlib.ExitStack() as stack:
-        url = args.sandbox_url or stack.enter_context(running_server(["--workers", "2"])).url
+        url = args.sandbox_url or stack.enter_context(running_sandbox(["--workers", "2"])).url
         trained = train_main(["--model", args.model, "--out", str(out), "--sandbox_url", url, *gin_args])
         with log_to(out / "point.log"):
             summary = point_summary(args.model, trained, url, args.start_eval_cache)

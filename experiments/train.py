@@ -32,13 +32,13 @@ from rstar_jax.gin_setup import knob_help, parse_gin, write_operative_config
 from rstar_jax.model import load_hf
 from rstar_jax.model.folder import save_model_folder
 from rstar_jax.parallel.gpu_placement import apply_learner_devices, learner_devices
+from rstar_jax.processes import running_sandbox
 from rstar_jax.rollout.backends import RolloutBackend
 from rstar_jax.parallel import make_mesh
 from rstar_jax.train.metrics import read_metrics
 from rstar_jax.train.plots import plot_metrics
 from rstar_jax.train.dry_run import DryRunError, format_dry_run, plan_dry_run
 from rstar_jax.train.rl_trainer import RLTrainer
-from sandbox_server.launcher import running_server
 
 KNOBS = ("RLSettings.prompts_per_step", "RLSettings.group_size", "RLSettings.zero_variance", "RLSettings.seed",
          "make_selector.algorithm", "RocSelector.mode", "PenaltySelector.penalty_lambda", "PolicyLossOptions.eps_high",
@@ -109,7 +109,7 @@ def main(argv: Sequence[str] | None = None) -> Path | int:
         if args.sandbox_url:
             params = trainer.run(args.sandbox_url)
         else:
-            with running_server(["--workers", "2"]) as sandbox:
+            with running_sandbox(["--workers", "2"]) as sandbox:
                 params = trainer.run([sandbox.url])
         folder = save_model_folder(config, params, out / "model", args.model)
         plot_metrics(read_metrics(out / "metrics.jsonl"), out / "plots", "RL")

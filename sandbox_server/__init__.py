@@ -8,6 +8,7 @@ the `ToolExecutor` protocol of `sandbox_server.api` and returns `ToolResult`s (n
 Layout: api (wire schema, ToolResult, ToolExecutor), config (gin), http_app (front end), pool (queue, slots),
 zygote (per-slot warm process and per-call supervision), confinement + linux (isolation), exposure (what of the
 host, such as a venv under /tmp, the isolated workers still see), cgroups, outcome (status), snippet (IPython-like
-execution), framing (server<->zygote messages), client, launcher (start a server in its own PID namespace, for tests
-and benchmarks), preflight (isolation and worker-interpreter checks at start).
+execution), framing (server<->zygote messages), client, preflight (isolation and worker-interpreter checks at start).
+The package imports nothing of `rstar_jax`; to start a server as a child process in its own PID namespace (tests,
+experiments, benchmarks) use `rstar_jax.processes.running_sandbox`, which runs the command line above.
 """

@@ -27,6 +27,7 @@ import aiohttp
 from experiments.bench.balancer import command_line, emit
 from rstar_jax.data.synthetic import synthetic_problems
 from rstar_jax.model import load_hf
+from rstar_jax.processes import running_sandbox
 from rstar_jax.rollout.balancer import Balancer
 from rstar_jax.rollout.balancing import POLICIES
 from rstar_jax.rollout.jax_engine import JaxEngine
@@ -35,7 +36,6 @@ from rstar_jax.rollout.vllm_engine import VLLMServerEngine
 from rstar_jax.rollout.vllm_metrics import (GENERATION_TOKENS, PREEMPTIONS, PREFIX_HITS, PREFIX_QUERIES,
                                             capacity_from_metrics, counters_from_metrics)
 from rstar_jax.rollout.vllm_server import VLLMServer, start_server, wait_healthy
-from sandbox_server.launcher import running_server
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests" / "rollout"))
 from agent_loop_fixtures import SANDBOX_ARGS, run_rollout, tool_calling_model  # noqa: E402  (the tests' model)
@@ -149,7 +149,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     policies = [name.strip() for name in args.policies.split(",") if name.strip()]
     model_dir = Path(args.model_dir)
     with contextlib.ExitStack() as stack:
-        sandbox = stack.enter_context(running_server(SANDBOX_ARGS))
+        sandbox = stack.enter_context(running_sandbox(SANDBOX_ARGS))
         tool_calling_model(model_dir, sandbox.url)
         model = load_hf(model_dir)
         servers = start_servers(stack, model_dir, (args.big_blocks, args.small_blocks), model_dir.parent / "vllm-logs")

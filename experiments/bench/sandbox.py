@@ -20,9 +20,9 @@ from typing import Any
 
 import aiohttp
 
+from rstar_jax.processes import SandboxProcess, running_sandbox
 from sandbox_server.api import Status
 from sandbox_server.client import SandboxClient
-from sandbox_server.launcher import ServerProcess, running_server
 from sandbox_server.pool import zygote_environment
 
 SNIPPETS = {
@@ -68,7 +68,7 @@ async def _drive(call: Callable[[], Awaitable[str]], total: int, concurrency: in
     }
 
 
-async def bench_sandbox(server: ServerProcess, code: str, levels: Sequence[int]) -> list[dict[str, Any]]:
+async def bench_sandbox(server: SandboxProcess, code: str, levels: Sequence[int]) -> list[dict[str, Any]]:
     """One row per concurrency level, through the batching client."""
     rows = []
     async with SandboxClient([server.url], batch_size=64, batch_wait_ms=1.0) as client:
@@ -82,7 +82,7 @@ async def bench_sandbox(server: ServerProcess, code: str, levels: Sequence[int])
     return rows
 
 
-async def bench_raw_burst(server: ServerProcess, code: str, total: int) -> dict[str, Any]:
+async def bench_raw_burst(server: SandboxProcess, code: str, total: int) -> dict[str, Any]:
     """`total` simultaneous plain `/run` requests, one connection each, no client batching or retries."""
     async with aiohttp.ClientSession(
         connector=aiohttp.TCPConnector(limit=0), timeout=aiohttp.ClientTimeout(total=1800)
@@ -112,8 +112,8 @@ async def bench_fresh_interpreter(code: str, total: int, concurrency: int) -> di
     return await _drive(call, total, concurrency)
 
 
-def _server_rss_mb(server: ServerProcess) -> float:
-    pid = server._server_pid()
+def _server_rss_mb(server: SandboxProcess) -> float:
+    pid = server.server_pid()
     with open(f"/proc/{pid}/status") as handle:
         for line in handle:
             if line.startswith("VmRSS:"):
@@ -122,7 +122,7 @@ def _server_rss_mb(server: ServerProcess) -> float:
 
 
 async def run_benchmark(
-    server: ServerProcess, levels: Sequence[int], baseline_calls: int, raw_burst: int
+    server: SandboxProcess, levels: Sequence[int], baseline_calls: int, raw_burst: int
 ) -> dict[str, Any]:
     """Measure every snippet on the server and with the baseline; return the report."""
     cores = os.cpu_count() or 1
@@ -177,7 +177,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--server-arg", action="append", default=[], help="extra flag for the server (repeatable)")
     args = parser.parse_args(argv)
     levels = [int(level) for level in args.levels.split(",")]
-    with running_server(args.server_arg) as server:
+    with running_sandbox(args.server_arg) as server:
         report = asyncio.run(run_benchmark(server, levels, args.baseline_calls, args.raw_burst))
         report["server_args"] = args.server_arg
     print(format_table(report))

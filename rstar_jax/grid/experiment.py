@@ -25,9 +25,9 @@ from rstar_jax.grid.point_eval import START_EVAL_DIR
 from rstar_jax.grid.points import GridError, Point
 from rstar_jax.grid.report import write_report
 from rstar_jax.grid.runner import point_status, run_dir, run_points, write_json
+from rstar_jax.processes import running_sandbox
 from rstar_jax.rl import make_selector
 from rstar_jax.train.rl_trainer import RLSettings
-from sandbox_server.launcher import running_server
 
 POINT_MODULE = "experiments.grid_point"
 
@@ -90,7 +90,7 @@ def run_experiment(points: Sequence[Point], args: argparse.Namespace, default_gi
         say(f"{title}: {len(points)} runs in {out / 'points'}, {len(points) - len(pending)} finished before")
         if not args.report_only:
             with contextlib.ExitStack() as stack:
-                url = args.sandbox_url or (stack.enter_context(running_server(["--workers", "2"])).url
+                url = args.sandbox_url or (stack.enter_context(running_sandbox(["--workers", "2"])).url
                                            if pending else "")
                 outcome = run_points(points, out, lambda point, directory: point_command(
                     point, directory, gin_files, args.gin_param, url, out / START_EVAL_DIR),

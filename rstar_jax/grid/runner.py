@@ -18,8 +18,8 @@ from typing import Any, Callable, Literal, Mapping, Sequence
 
 from rstar_jax.console import say
 from rstar_jax.grid.points import GridError, Point
+from rstar_jax.processes import killed_with_caller
 from rstar_jax.train.metrics import METRICS_FILE, read_metrics
-from sandbox_server.launcher import killed_with_caller
 
 POINTS_DIR = "points"
 POINT_FILE = "point.json"

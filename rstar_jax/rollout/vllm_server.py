@@ -8,16 +8,11 @@ children together.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
-import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -25,10 +20,9 @@ import gin
 
 from rstar_jax.parallel.gpu_placement import check_gpu_placement, server_gpu_placement
 from rstar_jax.paths import REPO_ROOT
+from rstar_jax.processes import (free_port, http_get, kill_process_group, log_tail, start_logged, stop_process_group,
+                                 wait_until_healthy)
 from rstar_jax.rollout.vllm_worker_extension import EXTENSION_QUALNAME
-from sandbox_server.launcher import free_port, killed_with_caller
-
-_DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # health checks never go through a proxy
 
 
 class VLLMServer:
@@ -39,36 +33,20 @@ class VLLMServer:
 
     def healthy(self) -> bool:
         """True when GET /health answers 200."""
-        try:
-            with _DIRECT.open(self.url + "/health", timeout=5) as response:
-                return response.status == 200
-        except (urllib.error.URLError, OSError):
-            return False
+        return http_get(self.url + "/health") is not None
 
     def log_tail(self, chars: int = 4000) -> str:
         """The end of the server's combined stdout/stderr, for error messages."""
-        with contextlib.suppress(OSError):
-            return self.log_path.read_text(errors="replace")[-chars:]
-        return ""
+        return log_tail(self.log_path, chars)
 
     def kill(self) -> None:
         """SIGKILL the whole process group at once (what a crashed host looks like to its clients)."""
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.process.pid, signal.SIGKILL)
-        self.process.wait()
+        kill_process_group(self.process)
 
     def close(self, grace_s: float = 20.0) -> None:
-        """SIGTERM the process group for a clean shutdown; SIGKILL it if that takes longer than `grace_s`."""
-        if self.process.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.process.pid, signal.SIGTERM)
-            try:
-                self.process.wait(grace_s)
-            except subprocess.TimeoutExpired:
-                self.kill()
-        # children that outlived the leader (engine core, workers) share its group id
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(self.process.pid, signal.SIGKILL)
+        """SIGTERM the process group for a clean shutdown; SIGKILL it if that takes longer than `grace_s` (the
+        engine core and workers share the API server's group, so none outlives it)."""
+        stop_process_group(self.process, grace_s)
 
     def __enter__(self) -> VLLMServer:
         return self
@@ -129,9 +107,7 @@ def start_server(model_dir: str | os.PathLike, port: int | None = None, host: st
     if cpus is not None:
         command = pinned_command(command, cpus)
         env.setdefault("VLLM_CPU_OMP_THREADS_BIND", cpu_list(cpus))
-    with open(log_path, "wb") as log:
-        process = subprocess.Popen(killed_with_caller(command), stdout=log, stderr=subprocess.STDOUT, env=env,
-                                   start_new_session=True)
+    process = start_logged(command, log_path, env=env, new_session=True)
     return VLLMServer(process, f"http://{host}:{port}", log_path)
 
 
@@ -165,17 +141,12 @@ def wait_healthy(server: VLLMServer, startup_timeout_s: float = 900.0) -> VLLMSe
     Raises RuntimeError with the server's log tail when it exits during start-up or is not healthy within
     `startup_timeout_s` (then it is stopped).
     """
-    deadline = time.monotonic() + startup_timeout_s
-    while not server.healthy():
-        if server.process.poll() is not None:
-            server.close()
-            raise RuntimeError(f"vLLM server {server.url} exited with code {server.process.returncode} during "
-                               f"start-up:\n{server.log_tail()}")
-        if time.monotonic() > deadline:
-            server.close()
-            raise RuntimeError(f"vLLM server {server.url} not healthy after {startup_timeout_s:.0f} s:\n"
-                               f"{server.log_tail()}")
-        time.sleep(1.0)
+    try:
+        wait_until_healthy(server.process, server.healthy, f"vLLM server {server.url}", server.log_path,
+                           startup_timeout_s, poll_s=1.0)
+    except RuntimeError:
+        server.close()
+        raise
     return server
 
 

@@ -17,12 +17,12 @@ from rstar_jax.agent.prompt import prompt_token_ids
 from rstar_jax.agent.tool_call import ToolCall, parse_tool_calls
 from rstar_jax.data.synthetic import synthetic_problems
 from rstar_jax.eval.agentic import evaluate
+from rstar_jax.processes import running_sandbox
 from rstar_jax.rollout.engine import SamplingParams
 from rstar_jax.rollout.jax_engine import JaxEngine
 from rstar_jax.tokenizers import load_tokenizer
 from rstar_jax.tokenizers.special_tokens import IM_END
 from sandbox_server.client import SandboxClient
-from sandbox_server.launcher import running_server
 
 
 def calls_parse(turn_text: str) -> bool:
@@ -70,7 +70,7 @@ def probe_format(model_dir: str | Path, num_problems: int = 32, seed: int = 1_00
         }
 
     try:
-        with running_server(("--workers", "2")) as server:
+        with running_sandbox(("--workers", "2")) as server:
             return asyncio.run(probe(server.url))
     finally:
         engine.close()

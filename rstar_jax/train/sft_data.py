@@ -23,9 +23,9 @@ from rstar_jax.agent.prompt import prompt_token_ids
 from rstar_jax.agent.tool_response import format_tool_response
 from rstar_jax.data.synthetic import synthetic_tasks
 from rstar_jax.data.synthetic_sft import SftTranscript, sft_transcripts
+from rstar_jax.processes import running_sandbox
 from sandbox_server.api import ToolResult
 from sandbox_server.client import SandboxClient
-from sandbox_server.launcher import running_server
 
 
 _PROBE_OUTCOME = ToolResult("ok", "42\n", "", 0, 12.0)
@@ -52,7 +52,7 @@ def sandbox_transcripts(count: int, seed: int, tokenizer: PreTrainedTokenizerBas
             return await sft_transcripts(synthetic_tasks(count, seed=seed, split="train"), client, tokenizer,
                                          seed=seed, faulty_fraction=faulty_fraction, fault_kinds=fault_kinds)
 
-    with running_server(tuple(server_args)) as server:
+    with running_sandbox(tuple(server_args)) as server:
         return asyncio.run(generate(server.url))
 
 

@@ -10,9 +10,9 @@ import pytest
 
 from rstar_jax.data.synthetic import synthetic_tasks
 from rstar_jax.data.synthetic_sft import sft_transcripts
+from rstar_jax.processes import running_sandbox
 from rstar_jax.tokenizers import load_tokenizer
 from sandbox_server.client import SandboxClient
-from sandbox_server.launcher import running_server
 
 pytestmark = pytest.mark.slow
 
@@ -28,7 +28,7 @@ def test_transcripts_carry_the_sandbox_real_outputs_and_are_deterministic() -> N
     with gin.unlock_config():
         gin.parse_config(["format_tool_response.show_duration = False"])  # run time is the one varying output
     try:
-        with running_server(("--workers", "2", "--default-timeout-s", "10")) as server:
+        with running_sandbox(("--workers", "2", "--default-timeout-s", "10")) as server:
             first = asyncio.run(_generate(server.url, tasks, tokenizer))
             second = asyncio.run(_generate(server.url, tasks, tokenizer))
             trailing = asyncio.run(_generate(server.url, tasks, tokenizer, fault_kinds=("trailing",)))

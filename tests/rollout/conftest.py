@@ -12,17 +12,17 @@ import pytest
 
 from agent_loop_fixtures import SANDBOX_ARGS, tool_calling_model
 from rstar_jax.model import CausalLM
-from sandbox_server.launcher import ServerProcess, running_server
+from rstar_jax.processes import SandboxProcess, running_sandbox
 
 
 @pytest.fixture(scope="module")
-def sandbox() -> Iterator[ServerProcess]:
+def sandbox() -> Iterator[SandboxProcess]:
     """A real sandbox server (in its own pid namespace) for one test module."""
-    with running_server(SANDBOX_ARGS) as server:
+    with running_sandbox(SANDBOX_ARGS) as server:
         yield server
 
 
 @pytest.fixture(scope="module")
-def model(sandbox: ServerProcess, tmp_path_factory: pytest.TempPathFactory) -> CausalLM:
+def model(sandbox: SandboxProcess, tmp_path_factory: pytest.TempPathFactory) -> CausalLM:
     """The tiny model trained to call the tool (trained on the first request of a session, then reloaded)."""
     return tool_calling_model(tmp_path_factory.getbasetemp() / "tool-calling-model", sandbox.url)

@@ -22,6 +22,7 @@ from agent_loop_fixtures import INVALID_CALL, check_trajectory, learner_logprobs
 from rstar_jax.agent.trajectory import FinishReason
 from rstar_jax.data.synthetic import synthetic_problems
 from rstar_jax.model import CausalLM
+from rstar_jax.processes import free_port
 from rstar_jax.rollout.agent_loop import RolloutSample
 from rstar_jax.rollout.engine import SamplingParams
 from rstar_jax.rollout.jax_engine import JaxEngine
@@ -29,7 +30,6 @@ from rstar_jax.rollout.rollout import rollout_stats
 from rstar_jax.rollout.router import AllEnginesDown, FailoverEngine
 from rstar_jax.tokenizers import load_tokenizer
 from sandbox_server.api import Status
-from sandbox_server.launcher import free_port
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
 

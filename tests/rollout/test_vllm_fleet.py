@@ -20,11 +20,11 @@ import numpy as np
 import pytest
 
 from rstar_jax.model import CausalLM, init_params
+from rstar_jax.processes import free_port
 from rstar_jax.rollout.engine import FINISH_LENGTH, FINISH_STOP, EngineCapacity, EngineUnavailable, SamplingParams
 from rstar_jax.rollout.vllm_engine import VLLMServerEngine
 from rstar_jax.rollout.vllm_fleet import VLLMFleet, measure_weight_sync
 from rstar_jax.rollout.vllm_server import start_server, wait_healthy
-from sandbox_server.launcher import free_port
 from vllm_fixtures import (
     KV_CACHE_BYTES,
     MAX_MODEL_LEN,

@@ -18,6 +18,7 @@ from safetensors import safe_open
 
 from rstar_jax.model import ModelConfig, init_params, load_hf, tensor_specs
 from rstar_jax.parallel import make_mesh, shard_params
+from rstar_jax.processes import free_port
 from rstar_jax.rollout.engine import FINISH_LENGTH, EngineUnavailable, GenerationEngine, SamplingParams
 from rstar_jax.rollout.vllm_engine import VLLMServerEngine, generation_from_completion
 from rstar_jax.rollout.vllm_fleet import VLLMFleet, make_fleet, measure_weight_sync
@@ -32,7 +33,6 @@ from rstar_jax.rollout.vllm_server import (
     wait_healthy,
 )
 from rstar_jax.rollout.vllm_weight_sync import SharedSyncCheckpoints, push_weights, write_sync_checkpoint
-from sandbox_server.launcher import free_port
 from rstar_jax.rollout.vllm_worker_extension import EXTENSION_QUALNAME, shard_paths
 
 CACHE_INFO = ('vllm:cache_config_info{block_size="128",cache_dtype="auto",enable_prefix_caching="True",engine="{e}",'

@@ -8,14 +8,14 @@ import pytest
 
 from sandbox_http import SERVER_SECRET, SERVER_UID_BASE
 
-from sandbox_server.launcher import ServerProcess, start_server
+from rstar_jax.processes import SandboxProcess, start_sandbox
 
 SERVER_ARGS = ("--workers", "4", "--default-timeout-s", "5", "--max-queue", "5000", "--uid-base", str(SERVER_UID_BASE))
 
 
 @pytest.fixture(scope="session")
-def sandbox() -> Iterator[ServerProcess]:
-    server = start_server(SERVER_ARGS, extra_env=dict([SERVER_SECRET]))
+def sandbox() -> Iterator[SandboxProcess]:
+    server = start_sandbox(SERVER_ARGS, extra_env=dict([SERVER_SECRET]))
     try:
         yield server
     finally:

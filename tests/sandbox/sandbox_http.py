@@ -9,8 +9,8 @@ import urllib.error
 import urllib.request
 from typing import Any
 
+from rstar_jax.processes import SandboxProcess
 import sandbox_server
-from sandbox_server.launcher import ServerProcess
 
 SERVER_SECRET = ("RSTAR_SANDBOX_TEST_SECRET", "do-not-leak-4f1c")  # put in the server's environment by conftest
 # uids of the session server's four slots: a range of its own, so other servers on the machine never overlap
@@ -26,7 +26,7 @@ def fresh_tmp_listing() -> list[str]:
     return sorted({path.split("/")[2] for path in paths if path.startswith("/tmp/")})
 
 
-def post(server: ServerProcess, path: str, body: Any) -> tuple[int, dict[str, Any]]:
+def post(server: SandboxProcess, path: str, body: Any) -> tuple[int, dict[str, Any]]:
     """POST JSON (or raw bytes) and return (HTTP status, decoded body), error statuses included."""
     data = body if isinstance(body, bytes) else json.dumps(body).encode()
     request = urllib.request.Request(server.url + path, data, {"Content-Type": "application/json"})
@@ -37,7 +37,7 @@ def post(server: ServerProcess, path: str, body: Any) -> tuple[int, dict[str, An
         return error.code, json.load(error)
 
 
-def run(server: ServerProcess, code: str, **fields: Any) -> dict[str, Any]:
+def run(server: SandboxProcess, code: str, **fields: Any) -> dict[str, Any]:
     """One /run call that must be answered with HTTP 200."""
     status, body = post(server, "/run", {"code": code, **fields})
     assert status == 200, body

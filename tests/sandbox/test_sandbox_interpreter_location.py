@@ -24,7 +24,7 @@ import pytest
 import sympy
 from sandbox_http import run
 
-from sandbox_server.launcher import running_server, start_server
+from rstar_jax.processes import running_sandbox, start_sandbox
 
 pytestmark = pytest.mark.slow
 
@@ -133,7 +133,7 @@ def test_venv_under_tmp_serves_the_math_stack_and_hides_host_tmp(
     interpreter = make_interpreter(tmp_folder, venv_python)
     prefix = os.path.dirname(os.path.dirname(interpreter))
     stray = tempfile.NamedTemporaryFile(dir="/tmp", prefix="rstar-host-tmp-")  # a host file directly in /tmp
-    with stray, running_server(_SERVER_ARGS, interpreter=interpreter) as server:
+    with stray, running_sandbox(_SERVER_ARGS, interpreter=interpreter) as server:
         for _ in range(2):  # the second call runs after the wipe, which must leave the venv in place
             body = run(server, _probe(prefix, tmp_folder))
             assert body["status"] == "ok", body
@@ -149,7 +149,7 @@ def test_venv_under_tmp_serves_the_math_stack_and_hides_host_tmp(
 def _start_failure(interpreter: str) -> list[str]:
     """The lines a server that must refuse to start wrote before exiting (the test fails if it started)."""
     try:
-        server = start_server(_SERVER_ARGS, interpreter=interpreter)
+        server = start_sandbox(_SERVER_ARGS, interpreter=interpreter)
     except RuntimeError as exc:
         return str(exc).splitlines()
     server.stop()
@@ -170,7 +170,7 @@ def test_a_venv_the_workers_cannot_read_is_refused_in_one_line(venv_python):
 
 def test_missing_preload_module_is_skipped_with_a_warning():
     args = ("--workers", "1", "--preload-modules", "math,no_such_module_13,numpy.no_such_sub")
-    with running_server(args) as server:
+    with running_sandbox(args) as server:
         assert server.health()["workers_alive"] == 1
         log = server.log_tail()
         assert "WARNING preload_modules not installed for " in log and "Traceback" not in log, log

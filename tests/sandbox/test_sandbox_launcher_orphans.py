@@ -13,8 +13,8 @@ from pathlib import Path
 REPO_ROOT = Path(__file__).resolve().parents[2]
 STARTER = """
 import sys, time
-from sandbox_server.launcher import start_server
-server = start_server(["--workers", "1"])
+from rstar_jax.processes import start_sandbox
+server = start_sandbox(["--workers", "1"])
 print(server.process.pid, flush=True)
 time.sleep(600)
 """

@@ -12,9 +12,9 @@ import aiohttp
 import pytest
 from sandbox_http import run
 
+from rstar_jax.processes import SandboxProcess, free_port, start_sandbox
 from sandbox_server.api import RunRequest, Status
 from sandbox_server.client import SandboxClient
-from sandbox_server.launcher import ServerProcess, free_port, start_server
 
 pytestmark = pytest.mark.slow
 
@@ -23,14 +23,14 @@ SMALL_SERVER = ("--workers", "1", "--preload-modules", "math", "--max-queue", "4
 
 @pytest.fixture(scope="module")
 def small_server():
-    server = start_server(SMALL_SERVER)
+    server = start_sandbox(SMALL_SERVER)
     try:
         yield server
     finally:
         server.stop()
 
 
-def _metric(server: ServerProcess, prefix: str) -> float:
+def _metric(server: SandboxProcess, prefix: str) -> float:
     with urllib.request.urlopen(server.url + "/metrics") as response:
         lines = [line for line in response.read().decode().splitlines() if line.startswith(prefix)]
     return float(lines[0].split()[-1]) if lines else 0.0
@@ -131,8 +131,8 @@ def test_all_servers_down_gives_unavailable_results_not_exceptions():
     assert not results[0].ok and "no server answered after 3 attempts" in results[0].stderr
 
 
-def _zygote_launchers(server: ServerProcess) -> list[int]:
-    server_pid = server._server_pid()
+def _zygote_launchers(server: SandboxProcess) -> list[int]:
+    server_pid = server.server_pid()
     with open(f"/proc/{server_pid}/task/{server_pid}/children") as handle:
         return [int(pid) for pid in handle.read().split()]
 
@@ -156,13 +156,13 @@ def test_crashed_worker_is_replaced(small_server):
 
 
 def test_graceful_shutdown_finishes_calls_in_flight():
-    server = start_server(("--workers", "1", "--preload-modules", "math"))
+    server = start_sandbox(("--workers", "1", "--preload-modules", "math"))
 
     async def calls_then_stop():
         async with SandboxClient([server.url], batch_size=1) as client:
             tasks = [asyncio.create_task(client.run(f"import time; time.sleep(0.5); print({i})")) for i in range(3)]
             await asyncio.sleep(0.3)
-            os.kill(server._server_pid(), signal.SIGTERM)
+            os.kill(server.server_pid(), signal.SIGTERM)
             return await asyncio.gather(*tasks)
 
     try:

@@ -17,12 +17,12 @@ from experiments.sft import DEFAULT_GIN as SFT_GIN
 from rstar_jax.agent.prompt import prompt_token_ids
 from rstar_jax.gin_setup import parse_gin
 from rstar_jax.model import load_hf, positions_from_mask, token_logprobs
+from rstar_jax.processes import running_sandbox
 from rstar_jax.rollout.backends import RolloutBackend
 from rstar_jax.rollout.balancer import Balancer
 from rstar_jax.tokenizers import load_tokenizer
 from rstar_jax.train.metrics import read_metrics
 from rstar_jax.train.rl_trainer import RLTrainer
-from sandbox_server.launcher import running_server
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(2400)]
 CPUS = sorted(os.sched_getaffinity(0))
@@ -45,7 +45,7 @@ def test_two_rl_steps_on_two_vllm_servers_keep_the_servers_in_step_with_the_lear
         model = load_hf(sft_model_dir)
         backend = RolloutBackend(backend="vllm", router="balancer", vllm_servers=2, vllm_per_server_cpus=SERVER_CPUS)
         trainer = RLTrainer(tmp_path / "run", model.config, model.params, str(sft_model_dir), backend=backend)
-        with running_server(["--workers", "2"]) as sandbox, \
+        with running_sandbox(["--workers", "2"]) as sandbox, \
                 backend.start(model.config, model.params, tmp_path, str(sft_model_dir)) as engines:
             params = trainer.run([sandbox.url], engines)
             balancer = engines.engine
