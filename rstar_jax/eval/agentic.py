@@ -15,8 +15,9 @@ from rstar_jax.agent.tool_protocol import ToolExecutor
 from rstar_jax.agent.trajectory import sampled_turn_texts
 from rstar_jax.console import Progress
 from rstar_jax.data.problem import Problem
-from rstar_jax.eval.metrics import avg_at_k, pass_at_k, trajectory_metrics, verdict_matrix
+from rstar_jax.eval.metrics import avg_at_k, pass_at_k, verdict_matrix
 from rstar_jax.reward import verify_batch
+from rstar_jax.rl.metrics import trajectory_metrics
 from rstar_jax.rollout.agent_loop import AgentLoop, RolloutSample
 from rstar_jax.rollout.engine import GenerationEngine
 

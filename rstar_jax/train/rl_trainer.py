@@ -31,12 +31,12 @@ from rstar_jax.console import Progress, say
 from rstar_jax.data.difficulty import hard_problem_ids, keep_only, solve_stats
 from rstar_jax.data.pipeline import prompt_batches
 from rstar_jax.data.problem import Problem
-from rstar_jax.eval.metrics import trajectory_metrics
 from rstar_jax.model import ModelConfig
 from rstar_jax.model.lm import Params
 from rstar_jax.parallel import make_mesh
 from rstar_jax.reward import verify_batch
 from rstar_jax.rl import PolicyLossOptions, Selector, make_selector
+from rstar_jax.rl.metrics import trajectory_metrics
 from rstar_jax.rollout.agent_loop import AgentLoop, RolloutSample
 from rstar_jax.rollout.backends import RolloutBackend, RolloutEngines
 from rstar_jax.rollout.engine import GenerationEngine

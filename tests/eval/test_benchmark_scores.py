@@ -14,7 +14,8 @@ from rstar_jax.data.problem import Problem
 from rstar_jax.eval.agentic import EvalResult
 from rstar_jax.eval.benchmark_report import (problem_records, problem_records_jsonl, reference_table, results_table,
                                              set_row)
-from rstar_jax.eval.metrics import avg_at_k, pass_at_k, trajectory_metrics, verdict_matrix
+from rstar_jax.eval.metrics import avg_at_k, pass_at_k, verdict_matrix
+from rstar_jax.rl.metrics import trajectory_metrics
 from rstar_jax.rollout.agent_loop import RolloutSample
 from rstar_jax.tokenizers import load_tokenizer
 from sandbox_server.api import Status, ToolResult
