@@ -11,6 +11,8 @@ import json
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
+from rstar_jax.files import atomic_write_text
+
 ROW_SUFFIX = ".row.json"
 
 
@@ -22,9 +24,8 @@ def row_path(problems_dir: Path, name: str) -> Path:
 def mark_finished(problems_dir: Path, name: str, identity: Mapping[str, Any], row: Mapping[str, Any]) -> None:
     """Record set `name` as finished with its summary `row` (call after its per-problem records are written)."""
     problems_dir.mkdir(parents=True, exist_ok=True)
-    temporary = row_path(problems_dir, name).with_suffix(".tmp")
-    temporary.write_text(json.dumps({"identity": identity, "row": row}, indent=1) + "\n")
-    temporary.replace(row_path(problems_dir, name))  # atomic: a killed run leaves no half-written marker
+    # atomic: a killed run leaves no half-written marker
+    atomic_write_text(row_path(problems_dir, name), json.dumps({"identity": identity, "row": row}, indent=1) + "\n")
 
 
 def finished_rows(problems_dir: Path, names: Sequence[str], identity: Mapping[str, Any]) -> dict[str, dict]:

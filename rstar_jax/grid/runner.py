@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, Callable, Literal, Mapping, Sequence
 
 from rstar_jax.console import say
+from rstar_jax.files import atomic_write_text
 from rstar_jax.grid.points import GridError, Point
 from rstar_jax.processes import killed_with_caller
 from rstar_jax.train.metrics import METRICS_FILE, read_metrics
@@ -64,11 +65,7 @@ def claim(directory: str | Path, point: Point, base: Mapping[str, Any] | None = 
 
 def write_json(path: str | Path, data: Mapping) -> Path:
     """Write `data` as JSON atomically (a temporary file renamed over `path`), so a reader never sees half of it."""
-    path = Path(path)
-    temporary = path.with_suffix(path.suffix + ".tmp")
-    temporary.write_text(json.dumps(data, indent=1) + "\n")
-    temporary.replace(path)
-    return path
+    return atomic_write_text(path, json.dumps(data, indent=1) + "\n")
 
 
 @dataclasses.dataclass

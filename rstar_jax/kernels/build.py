@@ -15,10 +15,11 @@ import os
 import platform
 import shutil
 import subprocess
-import tempfile
 from pathlib import Path
 
 import jax
+
+from rstar_jax.files import atomic_path
 
 FLAGS = ("-O3", "-march=native", "-ffast-math", "-fno-finite-math-only", "-fopenmp", "-std=c++17", "-shared", "-fPIC")
 CACHE_ENV = "RSTAR_KERNEL_CACHE"
@@ -58,11 +59,9 @@ def load_kernel(source: Path) -> ctypes.CDLL:
     target = cache_dir() / f"{source.stem}-{digest.hexdigest()[:16]}.so"
     if not target.exists():
         target.parent.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryDirectory(dir=target.parent) as scratch:
-            built = Path(scratch) / target.name
+        with atomic_path(target) as built:
             command = [compiler, *FLAGS, f"-I{include}", str(source), "-o", str(built)]
             result = subprocess.run(command, capture_output=True, text=True)
             if result.returncode:
                 raise KernelBuildError(f"building {source.name} failed ({' '.join(command)}):\n{result.stderr[-4000:]}")
-            built.replace(target)
     return ctypes.CDLL(str(target))

@@ -28,6 +28,7 @@ import numpy as np
 from jax.sharding import Mesh, SingleDeviceSharding
 from safetensors import safe_open
 
+from rstar_jax.files import atomic_path
 from rstar_jax.model.causal_lm import CausalLM
 from rstar_jax.model.config import DTYPES, ModelConfig
 from rstar_jax.model.lm import Params, init_params
@@ -190,14 +191,14 @@ def save_hf(model: CausalLM | tuple[ModelConfig, Params], path: str | os.PathLik
     names = ([SINGLE_FILE] if len(shards) == 1 else
              [f"model-{index + 1:05d}-of-{len(shards):05d}.safetensors" for index in range(len(shards))])
     clock = {"gather_s": 0.0, "write_s": 0.0}
-    tensors = _hf_tensors(params, specs, dtype_np)
-    try:
-        total_bytes = sum(_write_shard(_temp_shard_path(folder, index), shard, tensors, dtype_np, clock)
-                          for index, shard in enumerate(shards))
-    finally:
-        tensors.close()
-    for index, name in enumerate(names):
-        os.replace(_temp_shard_path(folder, index), folder / name)
+    with contextlib.ExitStack() as renames:  # every shard under a temporary name, renamed once all are written
+        temporaries = [renames.enter_context(atomic_path(folder / name)) for name in names]
+        tensors = _hf_tensors(params, specs, dtype_np)
+        try:
+            total_bytes = sum(_write_shard(temporary, shard, tensors, dtype_np, clock)
+                              for temporary, shard in zip(temporaries, shards))
+        finally:
+            tensors.close()
     if len(shards) > 1:
         weight_map = {spec.hf_name: name for name, shard in zip(names, shards) for spec in shard}
         index_doc = {"metadata": {"total_size": total_bytes}, "weight_map": weight_map}
@@ -294,10 +295,6 @@ def _slice_and_cast(leaf: jax.Array, layer: int | None, dtype: str) -> jax.Array
 @jax.jit
 def _transpose(tensor: jax.Array) -> jax.Array:
     return tensor.T
-
-
-def _temp_shard_path(folder: Path, index: int) -> Path:
-    return folder / f".shard-{index:05d}.safetensors.tmp"
 
 
 def _write_shard(path: Path, specs: list[TensorSpec], tensors: Iterator[tuple[TensorSpec, np.ndarray]],

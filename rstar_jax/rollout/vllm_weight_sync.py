@@ -26,6 +26,7 @@ from typing import Any, AsyncIterator
 import aiohttp
 import gin
 
+from rstar_jax.files import atomic_path
 from rstar_jax.model.config import DTYPES, ModelConfig
 from rstar_jax.model.hf_io import save_hf
 from rstar_jax.model.lm import Params
@@ -76,11 +77,9 @@ def write_sync_checkpoint(config: ModelConfig, params: Params, version: int, dir
     folder.mkdir(parents=True, exist_ok=True)
     dtype = dtype or config.param_dtype
     final = folder / f"rstar-weights-{os.getpid()}-v{version}-{dtype}"
-    temporary = folder / f".{final.name}.tmp"
-    for stale in (final, temporary):
-        shutil.rmtree(stale, ignore_errors=True)
-    saved = save_hf((config, params), temporary, shard_size_mb=shard_size_mb, dtype=dtype)
-    os.replace(temporary, final)
+    shutil.rmtree(final, ignore_errors=True)  # a stale folder of the same version
+    with atomic_path(final) as temporary:
+        saved = save_hf((config, params), temporary, shard_size_mb=shard_size_mb, dtype=dtype)
     return SyncCheckpoint(final, saved.nbytes, dtype, saved.gather_s, saved.write_s)
 
 

@@ -15,6 +15,8 @@ from typing import Any, Mapping
 
 from tensorboardX import SummaryWriter
 
+from rstar_jax.files import atomic_write_text
+
 METRICS_FILE = "metrics.jsonl"
 TENSORBOARD_DIR = "tensorboard"
 
@@ -37,9 +39,7 @@ class MetricsWriter:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.path = self.run_dir / METRICS_FILE
         self.entries = read_metrics(self.path, resume_step)
-        temporary = self.path.with_suffix(".tmp")
-        temporary.write_text("".join(json.dumps(entry) + "\n" for entry in self.entries))
-        temporary.replace(self.path)
+        atomic_write_text(self.path, "".join(json.dumps(entry) + "\n" for entry in self.entries))
         self._handle = self.path.open("a")
         self._tensorboard = SummaryWriter(str(self.run_dir / TENSORBOARD_DIR), purge_step=resume_step + 1)
 

@@ -23,6 +23,7 @@ from rstar_jax.agent.prompt import prompt_token_ids
 from rstar_jax.agent.tool_response import format_tool_response
 from rstar_jax.data.synthetic import synthetic_tasks
 from rstar_jax.data.synthetic_sft import SftTranscript, sft_transcripts
+from rstar_jax.files import atomic_path
 from rstar_jax.processes import running_sandbox
 from sandbox_server.api import ToolResult
 from sandbox_server.client import SandboxClient
@@ -77,12 +78,10 @@ def cache_key(count: int, seed: int, tokenizer: PreTrainedTokenizerBase, faulty_
 def write_sequences(path: Path, key: dict[str, Any], sequences: Sequence[TrainingSequence]) -> None:
     """A JSON-lines file: the key on the first line, then one {"token_ids", "loss_mask"} object per example."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    temporary = path.with_suffix(".tmp")
-    with temporary.open("w") as handle:
+    with atomic_path(path) as temporary, temporary.open("w") as handle:
         handle.write(json.dumps({"key": key}) + "\n")
         for sequence in sequences:
             handle.write(json.dumps({"token_ids": sequence.token_ids, "loss_mask": sequence.loss_mask}) + "\n")
-    temporary.replace(path)
 
 
 def read_sequences(path: Path, key: dict[str, Any]) -> list[TrainingSequence] | None:
