@@ -18,6 +18,7 @@ import jax
 from rstar_jax.model import ModelConfig, init_params, load_hf
 from rstar_jax.model.hf_io import CONFIG_FILE
 from rstar_jax.model.lm import Params
+from rstar_jax.parallel import abstract_placed
 
 CHECKPOINTS = "checkpoints"
 STATE_ITEM = "state"  # the TrainState item of an RL checkpoint (rl_checkpoint.save_rl_checkpoint)
@@ -105,7 +106,7 @@ def restore_rl_params(checkpoints: Path, step: int, config: ModelConfig) -> Para
 
     device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
     shapes = jax.eval_shape(init_params, config, jax.random.key(0))
-    abstract = jax.tree.map(lambda leaf: jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=device), shapes)
+    abstract = abstract_placed(shapes, device)
     manager = ocp.CheckpointManager(checkpoints.absolute())
     try:
         item = {"params": abstract}

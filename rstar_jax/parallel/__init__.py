@@ -2,6 +2,7 @@
 
 from rstar_jax.parallel.mesh import make_mesh, resolve_axis_sizes
 from rstar_jax.parallel.params import (
+    abstract_placed,
     cache_shardings,
     cache_spec,
     param_logical_axes,
@@ -33,6 +34,7 @@ __all__ = [
     "MESH_AXES",
     "PARAM_AXIS_RULES",
     "PARAM_RULES",
+    "abstract_placed",
     "activation_sharding",
     "active_mesh",
     "cache_shardings",

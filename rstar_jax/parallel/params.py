@@ -104,6 +104,16 @@ def shardings_like_params(tree: PyTree, params: PyTree, mesh: Mesh) -> PyTree:
     return jax.tree_util.tree_map_with_path(sharding_of, tree)
 
 
+def abstract_placed(tree: PyTree, shardings: PyTree | jax.sharding.Sharding) -> PyTree:
+    """`tree`'s shapes and dtypes (arrays or ShapeDtypeStructs) as `jax.ShapeDtypeStruct`s placed by `shardings` (a
+    matching tree, or one sharding for every leaf): the target an orbax restore fills, so each array arrives where
+    the step expects it and nothing is allocated before."""
+    if isinstance(shardings, jax.sharding.Sharding):
+        return jax.tree.map(lambda leaf: jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=shardings), tree)
+    return jax.tree.map(lambda leaf, sharding: jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=sharding),
+                        tree, shardings)
+
+
 def cache_spec(shape: tuple[int, ...], mesh: Mesh | None = None) -> PartitionSpec:
     """PartitionSpec of a KV cache array: stacked k or v [layers, batch, kv_heads, max_len, head_dim] (CACHE_AXES)
     or the per-slot lengths [batch] (CACHE_LENGTHS_AXES); told apart by rank."""

@@ -16,9 +16,9 @@ from pathlib import Path
 from typing import Any
 
 import grain
-import jax
 import orbax.checkpoint as ocp
 
+from rstar_jax.parallel import abstract_placed
 from rstar_jax.train.state import TrainState
 
 
@@ -73,19 +73,14 @@ def latest_record(manager: ocp.CheckpointManager) -> TrainerRecord | None:
     return TrainerRecord.from_json(restored["trainer"])
 
 
-def _abstract(tree: Any, shardings: Any) -> Any:
-    return jax.tree.map(lambda leaf, sharding: jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=sharding),
-                        tree, shardings)
-
-
 def restore_rl_checkpoint(manager: ocp.CheckpointManager, step: int, like: TrainState, shardings: TrainState,
                           iterator: grain.DatasetIterator,
                           reference_like: Any | None = None) -> tuple[TrainState, Any | None]:
     """The TrainState (placed with `shardings`) and reference parameters saved at `step`; moves `iterator` (a fresh
     iterator of the saved stage's pipeline) to the saved position."""
-    items: dict[str, Any] = {"state": ocp.args.StandardRestore(_abstract(like, shardings)),
+    items: dict[str, Any] = {"state": ocp.args.StandardRestore(abstract_placed(like, shardings)),
                              "data": grain.checkpoint.CheckpointRestore(iterator)}
     if reference_like is not None:
-        items["reference"] = ocp.args.StandardRestore(_abstract(reference_like, shardings.params))
+        items["reference"] = ocp.args.StandardRestore(abstract_placed(reference_like, shardings.params))
     restored = manager.restore(step, args=ocp.args.Composite(**items))
     return restored["state"], restored.get("reference") if reference_like is not None else None

@@ -26,7 +26,7 @@ import orbax.checkpoint as ocp
 from rstar_jax.console import Progress, say
 from rstar_jax.data.copy_drills import copy_drill_ids, filled_drill_ids
 from rstar_jax.model.folder import save_model_folder, seeded_model
-from rstar_jax.parallel import make_mesh
+from rstar_jax.parallel import abstract_placed, make_mesh
 from rstar_jax.tokenizers import load_tokenizer
 from rstar_jax.tokenizers.special_tokens import IM_START
 from rstar_jax.train.batching import make_batch
@@ -74,10 +74,9 @@ def _restore(manager: ocp.CheckpointManager, like: TrainState, shardings: TrainS
     step = manager.latest_step()
     if step is None:
         return None
-    target = jax.tree.map(lambda leaf, sharding: jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=sharding),
-                          like, shardings)
     items = {name: grain.checkpoint.CheckpointRestore(iterator) for name, iterator in iterators.items()}
-    restored = manager.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore(target), **items))
+    restored = manager.restore(step, args=ocp.args.Composite(
+        state=ocp.args.StandardRestore(abstract_placed(like, shardings)), **items))
     return restored["state"]
 
 

@@ -13,6 +13,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from rstar_jax.parallel import (
+    abstract_placed,
     activation_sharding,
     cache_shardings,
     cache_spec,
@@ -263,3 +264,15 @@ def test_optimizer_state_is_split_like_its_parameters():
         assert jax.tree_util.tree_map(lambda s: s.spec, moments) == EXPECTED_SPECS
     placed = jax.device_put(state, shardings)
     assert placed[0].mu["lm_head"]["kernel"].addressable_shards[0].data.shape == (E // 2, V // 2)
+
+
+def test_abstract_placed_gives_shapes_dtypes_and_the_given_placement():
+    mesh = make_mesh(data=2, fsdp=2, tensor=2)
+    params = model_shaped_params()
+    shardings = param_shardings(params, mesh)
+    abstract = abstract_placed(jax.eval_shape(lambda p: p, params), shardings)
+    for leaf, array, sharding in zip(jax.tree.leaves(abstract), jax.tree.leaves(params), jax.tree.leaves(shardings)):
+        assert isinstance(leaf, jax.ShapeDtypeStruct)
+        assert (leaf.shape, leaf.dtype, leaf.sharding) == (array.shape, array.dtype, sharding)
+    device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+    assert all(leaf.sharding == device for leaf in jax.tree.leaves(abstract_placed(params, device)))
