@@ -3,7 +3,7 @@ the problems the current model does not always solve, with an optimiser reset).
 
 In gin a run lists its stages, each a scoped `Stage`:
 
-    train_rl.stages = [@stage1/Stage(), @stage2/Stage()]
+    RLSettings.stages = [@stage1/Stage(), @stage2/Stage()]
     stage1/Stage.steps = 300
     stage1/Stage.max_response_tokens = 8192
     stage1/Stage.data = @stage1/ProblemSource()
@@ -62,13 +62,13 @@ def check_stages(stages: Sequence[Stage]) -> tuple[Stage, ...]:
     """The stages as a tuple, refusing an empty list and repeated names (metrics and checkpoints name stages)."""
     stages = tuple(stages)
     if not stages:
-        raise ValueError("an RL run needs at least one stage (train_rl.stages)")
+        raise ValueError("an RL run needs at least one stage (RLSettings.stages)")
     names = [stage.name for stage in stages]
     if len(set(names)) != len(names):
         raise ValueError(f"stage names must be distinct, got {names}")
     for stage in stages:
         if not isinstance(stage, Stage):
-            raise TypeError(f"train_rl.stages must hold Stage records, got {type(stage).__name__}")
+            raise TypeError(f"RLSettings.stages must hold Stage records, got {type(stage).__name__}")
     return stages
 
 
