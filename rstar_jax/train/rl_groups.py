@@ -17,6 +17,7 @@ import numpy as np
 from rstar_jax.agent.trajectory import Trajectory
 from rstar_jax.rl import GroupOutcome, Selector, group_advantages, has_signal
 from rstar_jax.rollout.agent_loop import RolloutSample
+from rstar_jax.seeds import derived_seed
 
 
 @dataclasses.dataclass(frozen=True)
@@ -62,11 +63,6 @@ def group_outcome(trajectories: Sequence[Trajectory], verified: Sequence[bool]) 
     )
 
 
-def selection_seed(step_seed: int, group: int) -> int:
-    """The selector's seed for group `group` of a step (independent streams per group)."""
-    return int(np.random.SeedSequence([step_seed, group]).generate_state(1)[0])  # a uint32 word
-
-
 def training_groups(samples: Sequence[RolloutSample], verified: Sequence[bool], selector: Selector,
                     group_size: int, step_seed: int) -> TrainingGroups:
     """Select each prompt's kept rollouts and compute their advantages (SPEC 4.2-4.5).
@@ -88,7 +84,7 @@ def training_groups(samples: Sequence[RolloutSample], verified: Sequence[bool], 
             raise ValueError(f"group {group}'s rollouts belong to different prompts")
         outcome = group_outcome([sample.trajectory for sample in members],
                                 verified[group * per_prompt:(group + 1) * per_prompt])
-        selection = selector.select(outcome, group_size, selection_seed(step_seed, group))
+        selection = selector.select(outcome, group_size, derived_seed(step_seed, group, bits=32))
         if not has_signal(selection.rewards):
             continue
         kept += [members[index] for index in selection.indices]

@@ -40,6 +40,7 @@ from rstar_jax.rl.metrics import trajectory_metrics
 from rstar_jax.rollout.agent_loop import AgentLoop, RolloutSample
 from rstar_jax.rollout.backends import RolloutBackend, RolloutEngines
 from rstar_jax.rollout.engine import GenerationEngine
+from rstar_jax.seeds import derived_seed, step_seed
 from rstar_jax.tokenizers import load_tokenizer
 from rstar_jax.train.metrics import MetricsWriter
 from rstar_jax.train.optim import rl_optimizer
@@ -120,17 +121,6 @@ class TimedExecutor:
             self._in_flight -= 1
             if self._in_flight == 0:
                 self.busy_s += time.monotonic() - self._since
-
-
-def derived_seed(*keys: int) -> int:
-    """A seed below 2^62 derived from non-negative `keys` (the run's seed, a step, a purpose ...)."""
-    high, low = (int(word) for word in np.random.SeedSequence(list(keys)).generate_state(2))
-    return ((high << 32) | low) >> 2
-
-
-def step_seed(seed: int, step: int) -> int:
-    """The seed of RL step `step` (0-based) of a run seeded `seed`: sampling, selection and mini-batch order."""
-    return derived_seed(seed, 0, step)
 
 
 def _answers(samples: Sequence[RolloutSample], tokenizer: Any) -> list[str]:
