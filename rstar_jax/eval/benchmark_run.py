@@ -16,12 +16,11 @@ from typing import Any, Callable, Mapping, Sequence
 
 import gin
 
-from rstar_jax.agent import prompt_token_ids
 from rstar_jax.data.problem import Problem
 from rstar_jax.eval.agentic import EvalResult, evaluate
 from rstar_jax.model import ModelConfig
 from rstar_jax.model.lm import Params
-from rstar_jax.rollout.backends import RolloutBackend
+from rstar_jax.rollout.backends import RolloutBackend, check_prompts_fit
 from sandbox_server.client import SandboxClient
 
 
@@ -57,14 +56,9 @@ class BenchmarkEval:
         """Refuse, before any work, a set whose longest prompt plus `max_response_tokens` (SPEC 7's budget) exceeds
         what one engine slot holds (`RolloutBackend.token_limit`; None: unknown, as for a vLLM server, so nothing
         is checked)."""
-        if token_limit is None:
-            return
         for name, problems in sets.items():
-            longest = max(len(prompt_token_ids(tokenizer, problem.question)) for problem in problems)
-            if longest + self.max_response_tokens > token_limit:
-                raise ValueError(f"{name}: the longest prompt ({longest} tokens) plus max_response_tokens "
-                                 f"({self.max_response_tokens}) exceeds the engine's {token_limit} tokens per "
-                                 f"sequence; raise RolloutBackend.max_len or lower BenchmarkEval.max_response_tokens")
+            check_prompts_fit(tokenizer, problems, self.max_response_tokens, token_limit, name,
+                              "BenchmarkEval.max_response_tokens")
 
     def run(self, config: ModelConfig, params: Params, tokenizer_name: str, tokenizer: Any,
             sets: Mapping[str, Sequence[Problem]], sandbox_urls: Sequence[str], work_dir: str | Path,

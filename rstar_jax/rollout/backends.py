@@ -13,10 +13,12 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Sequence
 
 import gin
 
+from rstar_jax.agent.prompt import prompt_token_ids
+from rstar_jax.data.problem import Problem
 from rstar_jax.model import ModelConfig
 from rstar_jax.model.folder import save_model_folder
 from rstar_jax.model.lm import Params
@@ -28,6 +30,21 @@ from rstar_jax.rollout.vllm_fleet import VLLMFleet
 
 BACKENDS = ("jax", "vllm")
 ROUTERS: dict[str, type[FailoverEngine]] = {"failover": FailoverEngine, "balancer": Balancer}
+
+
+def check_prompts_fit(tokenizer: Any, problems: Sequence[Problem], max_response_tokens: int, token_limit: int | None,
+                      what: str, budget: str) -> None:
+    """Refuse, before any work, prompts that leave no room for their response budget: the longest of `problems`'
+    prompts (as the agent loop renders them) plus `max_response_tokens` must fit in `token_limit` tokens, what one
+    engine slot holds (`RolloutBackend.token_limit`; None: unknown, as for a vLLM server, so nothing is checked).
+    `what` names the prompts in the error (a stage, a benchmark set), `budget` the binding that sets the budget."""
+    if token_limit is None or not problems:
+        return
+    longest = max(len(prompt_token_ids(tokenizer, problem.question)) for problem in problems)
+    if longest + max_response_tokens > token_limit:
+        raise ValueError(f"{what}: the longest prompt ({longest} tokens) plus max_response_tokens "
+                         f"({max_response_tokens}) exceeds the engine's {token_limit} tokens per sequence; "
+                         f"lower {budget} or raise RolloutBackend.max_len")
 
 
 class RolloutEngines:

@@ -24,7 +24,6 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh
 
-from rstar_jax.agent.prompt import prompt_token_ids
 from rstar_jax.agent.tool_protocol import ToolExecutor, ToolOutcome
 from rstar_jax.agent.trajectory import sampled_turn_texts
 from rstar_jax.console import Progress, say
@@ -38,7 +37,7 @@ from rstar_jax.reward import verify_batch
 from rstar_jax.rl import PolicyLossOptions, Selector, make_selector
 from rstar_jax.rl.metrics import trajectory_metrics
 from rstar_jax.rollout.agent_loop import AgentLoop, RolloutSample
-from rstar_jax.rollout.backends import RolloutBackend, RolloutEngines
+from rstar_jax.rollout.backends import RolloutBackend, RolloutEngines, check_prompts_fit
 from rstar_jax.rollout.engine import GenerationEngine
 from rstar_jax.seeds import derived_seed, step_seed
 from rstar_jax.tokenizers import load_tokenizer
@@ -164,18 +163,11 @@ class RLTrainer:
 
     def _check_sizes(self) -> None:
         """Refuse, before any work, stages whose prompts leave no room in the engine's slots."""
-        engine_max_len = self.backend.token_limit
         for stage, problems in zip(self.settings.stages, self.problems):
             if not problems:
                 raise ValueError(f"stage {stage.name!r} has no problems ({stage.data.describe()})")
-            if engine_max_len is None:
-                continue
-            longest = max(len(prompt_token_ids(self.tokenizer, p.question)) for p in problems)
-            if longest + stage.max_response_tokens > engine_max_len:
-                raise ValueError(
-                    f"stage {stage.name!r}: the longest prompt ({longest} tokens) plus max_response_tokens "
-                    f"({stage.max_response_tokens}) exceeds the rollout engine's max_len ({engine_max_len}); "
-                    f"lower Stage.max_response_tokens or raise RolloutBackend.max_len")
+            check_prompts_fit(self.tokenizer, problems, stage.max_response_tokens, self.backend.token_limit,
+                              f"stage {stage.name!r}", "Stage.max_response_tokens")
 
     # ---- data ---------------------------------------------------------------------------------------------------
 

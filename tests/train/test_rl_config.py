@@ -32,7 +32,7 @@ def _trainer(tmp_path: Path, stage: Stage, **settings: object) -> RLTrainer:
 
 
 def test_a_prompt_and_budget_larger_than_the_engine_slot_is_refused(tmp_path: Path) -> None:
-    with pytest.raises(ValueError, match=r"stage 'long'.*exceeds the rollout engine's max_len \(1024\)"):
+    with pytest.raises(ValueError, match=r"stage 'long'.*exceeds the engine's 1024 tokens per sequence; lower Stage.max_response_tokens"):
         _trainer(tmp_path, Stage(name="long", max_response_tokens=900, data=SYNTHETIC))
     assert not any(tmp_path.iterdir()), "nothing is written before the check"
 
