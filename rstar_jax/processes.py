@@ -1,11 +1,13 @@
 """Programs the project runs beside itself: free ports, children that die with their caller, servers waited for
 until healthy and stopped as a whole (a PID namespace or a process group), and the sandbox server started that way.
 
-One module for every process the library, the experiments and the tests start: vLLM servers
+One module for the programs the library, the experiments and the tests start: vLLM servers
 (`rstar_jax.rollout.vllm_server`), grid points (`rstar_jax.grid.runner`) and the sandbox server (`running_sandbox`).
+(The verifier pool's zygote, which forks its workers over a socket and signals them by pidfd, is its own thing:
+`rstar_jax.reward.pool`.)
 The sandbox server is a separate program: it is started by its command line (`python -m sandbox_server`), so
 nothing here imports it, and `sandbox_server` imports nothing of `rstar_jax` (it stays a standalone program).
-Standard library only.
+Standard library only (besides `rstar_jax.paths`), so the sandbox tests import it without the learner's dependencies.
 """
 
 from __future__ import annotations
