@@ -3,8 +3,7 @@ rollout selectors (RoC, penalty rewards, plain GRPO) and the learner's losses. I
 """
 
 from rstar_jax.rl.advantages import group_advantages, has_signal
-from rstar_jax.rl.losses import (LOSSES, PolicyLossOptions, get_loss, loss_weights, masked_nll, policy_loss,
-                                 register_loss)
+from rstar_jax.rl.losses import PolicyLossOptions, loss_weights, masked_nll, policy_loss
 from rstar_jax.rl.penalties import format_penalty, roc_penalty, tool_error_penalty
 from rstar_jax.rl.selection import (
     SELECTORS,
@@ -20,7 +19,6 @@ from rstar_jax.rl.selection import (
 )
 
 __all__ = [
-    "LOSSES",
     "SELECTORS",
     "GroupOutcome",
     "PenaltySelector",
@@ -30,14 +28,12 @@ __all__ = [
     "Selection",
     "Selector",
     "format_penalty",
-    "get_loss",
     "group_advantages",
     "has_signal",
     "loss_weights",
     "make_selector",
     "masked_nll",
     "policy_loss",
-    "register_loss",
     "roc_class_sizes",
     "roc_penalty",
     "select_roc",

@@ -1,45 +1,25 @@
-"""Every loss of the learner as a small pure function of per-token arrays, kept in one registry.
+"""Every loss of the learner as a small pure function of per-token arrays, in one module.
 
 A loss maps per-token log-probs [B, T] of the target tokens (plus whatever per-token arrays it needs) and the loss
 mask [B, T] to a scalar. Normalisation is by weights: `loss_weights` turns the mask into per-token weights whose
 weighted sum is the loss, which is also how gradient accumulation stays exact (each micro-batch is weighted by the
 whole batch's token or sequence count, so the micro-batches' losses add up to the big batch's loss).
-- "nll": the SFT loss (SPEC section 5).
-- "grpo": `policy_loss`, the clipped surrogate with Clip-Higher of GRPO-RoC (SPEC section 4, step 6).
+- `masked_nll`: the SFT loss (SPEC section 5).
+- `policy_loss`: the clipped surrogate with Clip-Higher of GRPO-RoC (SPEC section 4, step 6), its variants (dual clip,
+  normalisation, KL and entropy terms) selected by `PolicyLossOptions` from gin.
+The two have different inputs and callers (`train.sft`, `train.rl_step`), so there is no registry: a new RL loss is
+an option of `PolicyLossOptions` that `policy_loss` reads.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable
-
 import gin
 import jax
 import jax.numpy as jnp
 
-LossFn = Callable[..., jax.Array]
-LOSSES: dict[str, LossFn] = {}
 NORMALIZATIONS = ("token_mean", "sequence_mean")
 KL_ESTIMATORS = ("k1", "k3")
-
-
-def register_loss(name: str) -> Callable[[LossFn], LossFn]:
-    """Decorator adding a loss function to `LOSSES` under `name`; a second loss of the same name is an error."""
-
-    def add(fn: LossFn) -> LossFn:
-        if name in LOSSES:
-            raise ValueError(f"a loss named {name!r} is already registered ({LOSSES[name].__qualname__})")
-        LOSSES[name] = fn
-        return fn
-
-    return add
-
-
-def get_loss(name: str) -> LossFn:
-    """The registered loss called `name`, with the known names in the error when there is none."""
-    if name not in LOSSES:
-        raise ValueError(f"unknown loss {name!r}; registered losses: {sorted(LOSSES)}")
-    return LOSSES[name]
 
 
 def loss_weights(loss_mask: jax.Array, normalization: str = "token_mean", total_tokens: jax.Array | None = None,
@@ -69,7 +49,6 @@ def masked_token_mean(values: jax.Array, loss_mask: jax.Array) -> jax.Array:
     return jnp.sum(values.astype(jnp.float32) * loss_weights(loss_mask))
 
 
-@register_loss("nll")
 def masked_nll(logprobs: jax.Array, loss_mask: jax.Array) -> jax.Array:
     """Negative log-likelihood of the target tokens, token-level normalised: the SFT loss (SPEC section 5).
 
@@ -112,7 +91,6 @@ def kl_penalty(logprobs: jax.Array, ref_logprobs: jax.Array, estimator: str = "k
     return jnp.exp(log_ratio) - log_ratio - 1.0
 
 
-@register_loss("grpo")
 def policy_loss(logprobs: jax.Array, old_logprobs: jax.Array, advantages: jax.Array, loss_mask: jax.Array, *,
                 eps_low: float = 0.2, eps_high: float = 0.28, dual_clip: float | None = None,
                 normalization: str = "token_mean", kl_coef: float = 0.0, kl_estimator: str = "k3",

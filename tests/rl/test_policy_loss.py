@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from rstar_jax.rl import LOSSES, loss_weights, policy_loss
+from rstar_jax.rl import loss_weights, policy_loss
 from rstar_jax.rl.losses import kl_penalty
 
 # Two sequences of three tokens. Row 0 has advantage +1, row 1 advantage -2.
@@ -109,12 +109,11 @@ def test_micro_batches_weighted_by_the_whole_batchs_counts_add_up_to_it() -> Non
         assert float(parts) == pytest.approx(float(whole), abs=1e-6)
 
 
-def test_loss_weights_and_registry() -> None:
+def test_loss_weights() -> None:
     mask = jnp.array([[1, 1, 0, 0], [1, 0, 0, 0], [0, 0, 0, 0]])
     np.testing.assert_allclose(np.asarray(loss_weights(mask)), np.asarray(mask) / 3)
     np.testing.assert_allclose(np.asarray(loss_weights(mask, "sequence_mean")),
                                [[0.25, 0.25, 0, 0], [0.5, 0, 0, 0], [0, 0, 0, 0]])
-    assert LOSSES["grpo"] is policy_loss
     with pytest.raises(ValueError, match="normalization"):
         loss_weights(mask, "sum")
 

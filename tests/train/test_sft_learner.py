@@ -14,7 +14,7 @@ import transformers
 from rstar_jax.model import ModelConfig, init_params, load_hf, save_hf
 from rstar_jax.parallel import make_mesh
 from rstar_jax.train.batching import TokenBatch, batch_indices, bucket_length, make_batch
-from rstar_jax.rl.losses import LOSSES, get_loss, masked_nll, register_loss
+from rstar_jax.rl.losses import masked_nll
 from rstar_jax.train.optim import adamw_optimizer, rl_optimizer, sft_optimizer
 from rstar_jax.train.sft import make_sft_step
 from rstar_jax.train.state import init_train_state, train_state_shardings
@@ -48,14 +48,6 @@ def test_masked_nll_is_the_token_level_mean_over_masked_tokens() -> None:
     assert float(masked_nll(logprobs, np.zeros_like(mask))) == 0.0
     with pytest.raises(ValueError, match="loss_mask shape"):
         masked_nll(logprobs, mask[:, :2])
-
-
-def test_loss_registry_names_its_losses_and_refuses_duplicates() -> None:
-    assert get_loss("nll") is masked_nll and LOSSES["nll"] is masked_nll
-    with pytest.raises(ValueError, match="unknown loss 'grpo_typo'.*nll"):
-        get_loss("grpo_typo")
-    with pytest.raises(ValueError, match="already registered"):
-        register_loss("nll")(lambda logprobs, loss_mask: logprobs.sum())
 
 
 def test_bucket_length_powers_of_two_or_multiples() -> None:
