@@ -14,6 +14,7 @@ an option of `PolicyLossOptions` that `policy_loss` reads.
 from __future__ import annotations
 
 import dataclasses
+
 import gin
 import jax
 import jax.numpy as jnp
