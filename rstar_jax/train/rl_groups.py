@@ -22,19 +22,28 @@ from rstar_jax.seeds import derived_seed
 
 @dataclasses.dataclass(frozen=True)
 class TrainingGroups:
-    """Kept rollouts (group after group), their training rewards and advantages, and how many groups were seen,
-    kept and set aside for having no reward spread."""
+    """Kept rollouts (group after group, `group_size` each), their training rewards and advantages, and how many
+    groups were seen, kept, and left out of a full batch (`groups_surplus`: groups with signal a refill round
+    brought beyond the batch's room)."""
 
     samples: tuple[RolloutSample, ...] = ()
     rewards: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(0))
     advantages: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(0))
     groups_seen: int = 0
     groups_kept: int = 0
+    group_size: int = 0
+    groups_surplus: int = 0
+
+    def __post_init__(self) -> None:
+        rows = self.groups_kept * self.group_size
+        if not len(self.samples) == len(self.rewards) == len(self.advantages) == rows:
+            raise ValueError(f"{self.groups_kept} kept groups of {self.group_size} need {rows} samples, rewards and "
+                             f"advantages, got {len(self.samples)}, {len(self.rewards)}, {len(self.advantages)}")
 
     @property
     def groups_without_signal(self) -> int:
         """Groups dropped because every kept rollout had the same reward."""
-        return self.groups_seen - self.groups_kept
+        return self.groups_seen - self.groups_kept - self.groups_surplus
 
     @property
     def trajectories(self) -> list[Trajectory]:
@@ -42,14 +51,17 @@ class TrainingGroups:
         return [sample.trajectory for sample in self.samples]
 
     def merged(self, more: "TrainingGroups", max_groups: int) -> "TrainingGroups":
-        """These groups followed by `more`'s, keeping at most `max_groups` in all (for refilling a batch)."""
-        group_size = len(self.samples) // self.groups_kept if self.groups_kept else (
-            len(more.samples) // more.groups_kept if more.groups_kept else 0)
+        """These groups followed by `more`'s, keeping at most `max_groups` in all (for refilling a batch): whole
+        groups of `group_size` rows, the first of `more`'s that fit (the rest count as `groups_surplus`)."""
+        if self.group_size and more.group_size and self.group_size != more.group_size:
+            raise ValueError(f"cannot merge groups of {self.group_size} with groups of {more.group_size}")
+        group_size = self.group_size or more.group_size
         take = min(more.groups_kept, max(0, max_groups - self.groups_kept))
         count = take * group_size
         return TrainingGroups(self.samples + more.samples[:count], np.concatenate([self.rewards, more.rewards[:count]]),
                               np.concatenate([self.advantages, more.advantages[:count]]),
-                              self.groups_seen + more.groups_seen, self.groups_kept + take)
+                              self.groups_seen + more.groups_seen, self.groups_kept + take, group_size,
+                              self.groups_surplus + more.groups_surplus + more.groups_kept - take)
 
 
 def group_outcome(trajectories: Sequence[Trajectory], verified: Sequence[bool]) -> GroupOutcome:
@@ -85,11 +97,15 @@ def training_groups(samples: Sequence[RolloutSample], verified: Sequence[bool], 
         outcome = group_outcome([sample.trajectory for sample in members],
                                 verified[group * per_prompt:(group + 1) * per_prompt])
         selection = selector.select(outcome, group_size, derived_seed(step_seed, group, bits=32))
+        if len(selection.indices) != group_size:  # the Selector contract; merged() cuts batches by whole groups
+            raise ValueError(f"{type(selector).__name__} kept {len(selection.indices)} rollouts of group {group}, "
+                             f"not group_size = {group_size}")
         if not has_signal(selection.rewards):
             continue
         kept += [members[index] for index in selection.indices]
         rewards.append(selection.rewards)
         advantages.append(group_advantages(selection.rewards[None, :])[0])
     if not kept:
-        return TrainingGroups(groups_seen=groups)
-    return TrainingGroups(tuple(kept), np.concatenate(rewards), np.concatenate(advantages), groups, len(rewards))
+        return TrainingGroups(groups_seen=groups, group_size=group_size)
+    return TrainingGroups(tuple(kept), np.concatenate(rewards), np.concatenate(advantages), groups, len(rewards),
+                          group_size)

@@ -223,9 +223,11 @@ class RLTrainer:
 
     def _update(self, state: TrainState, groups: TrainingGroups, seed: int,
                 reference: Params | None) -> tuple[TrainState, dict[str, float]]:
-        """Old log-probs of every kept row under the sampling policy, then one optimiser step per mini-batch. With
-        one mini-batch and no KL term the old log-probs come from the update's own forward pass
-        (`RLLearner.update(on_policy=True)`), not from a pass of their own."""
+        """Old log-probs of every kept row under the sampling policy, then one optimiser step per mini-batch: the
+        kept rows in a seeded order cut into `updates_per_step` mini-batches (fewer when there are fewer rows), each
+        row in exactly one. With one mini-batch and no KL term the old log-probs come from the update's own forward
+        pass (`RLLearner.update(on_policy=True)`), not from a pass of their own. Metrics: the updates' mean, except
+        `trained_tokens` and `sequences` (the step's sums) and `updates` (optimiser steps taken)."""
         order = np.random.default_rng(seed).permutation(len(groups.samples))
         chunks = [chunk for chunk in np.array_split(order, self.settings.updates_per_step) if len(chunk)]
         pad_id = self.config.pad_token_id or 0
@@ -233,7 +235,8 @@ class RLTrainer:
             unscored = [rl_micro_batches([groups.samples[i].trajectory for i in chunk], groups.advantages[chunk],
                                          self.settings.micro_batch_rows, pad_id) for chunk in chunks]
         if len(unscored) == 1 and reference is None:
-            return self.learner.update(state, unscored[0], on_policy=True)
+            state, metrics = self.learner.update(state, unscored[0], on_policy=True)
+            return state, {**metrics, "updates": 1}
         mini_batches: list[list[RLBatch]] = [self.learner.with_policy_logprobs(state.params, batches, reference)
                                              for batches in unscored]
         gap = logprob_gap([batch for mini in mini_batches for batch in mini])
@@ -241,8 +244,9 @@ class RLTrainer:
         for mini in mini_batches:
             state, metrics = self.learner.update(state, mini)
             for name, value in metrics.items():
-                totals[name] = totals.get(name, 0.0) + value / len(mini_batches)
-        return state, {**totals, "logprob_gap": gap}
+                share = 1 if name in ("trained_tokens", "sequences") else len(mini_batches)
+                totals[name] = totals.get(name, 0.0) + value / share
+        return state, {**totals, "logprob_gap": gap, "updates": len(mini_batches)}
 
     # ---- the run ------------------------------------------------------------------------------------------------
 
@@ -365,7 +369,7 @@ class RLTrainer:
         metrics: dict[str, Any] = {"stage": stage.name, **trajectory_metrics([s.trajectory for s in samples],
                                                                            verified)}
         metrics.update(groups_seen=groups.groups_seen, groups_kept=groups.groups_kept,
-                       kept_trajectories=len(groups.samples),
+                       groups_surplus=groups.groups_surplus, kept_trajectories=len(groups.samples),
                        mean_reward=float(np.mean(groups.rewards)) if groups.groups_kept else 0.0)
         if groups.groups_kept:
             started = time.monotonic()
