@@ -1,5 +1,6 @@
-"""The main job's wiring (experiments/demo.py) on a shrunken run: SFT, held-out evaluation, GRPO-RoC, evaluation,
-the comparison and its files. (The full-size demo's figures are in the README and BENCHMARKS.md.)"""
+"""The main job's wiring (experiments/demo.py) on a shrunken run: SFT, held-out evaluation, GRPO-RoC (which must
+move the weights), evaluation, the comparison and its files. (The full-size demo's figures are in the README and
+BENCHMARKS.md.)"""
 
 from __future__ import annotations
 
@@ -9,7 +10,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
+from safetensors.numpy import load_file
+
+from rstar_jax.train.metrics import read_metrics
 
 pytestmark = pytest.mark.slow
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -18,6 +23,9 @@ SHRUNKEN = [
     "ModelConfig.num_heads = 2", "ModelConfig.num_kv_heads = 1",
     "train_sft.drill_steps = 2", "train_sft.steps = 3", "train_sft.num_transcripts = 8", "train_sft.batch_size = 4",
     "RLSettings.stages = [@short/Stage()]", "short/Stage.steps = 1", "RLSettings.prompts_per_step = 2",
+    # RL on the one problem the shrunken SFT solves in some samples: the first of its 8 transcripts (synthetic tasks
+    # of the data seed, --seed 3 below), whose 'short' phase it has memorised. Mixed rewards, so the step updates.
+    "short/ProblemSource.count = 1", "short/ProblemSource.seed = 3",
     "HeldOutEval.problems = @small/ProblemSource()", "small/ProblemSource.source = 'synthetic'",
     "small/ProblemSource.count = 4", "small/ProblemSource.split = 'heldout'", "HeldOutEval.samples = 2",
 ]
@@ -51,3 +59,14 @@ def test_the_demo_runs_every_phase_and_reports_the_comparison(tmp_path: Path) ->
         assert sum(record["solved"] for record in records) / 8 == pytest.approx(sampled["accuracy"])
     assert (out / "rl" / "metrics.jsonl").is_file() and (out / "rl" / "model" / "config.json").is_file()
     assert (out / "operative_config.gin").is_file() and (out / "demo.log").read_text().count("[3/4]") == 2
+    # RL moved the weights: the step had groups with reward spread and made one optimiser step with a gradient ...
+    (step,) = read_metrics(out / "rl" / "metrics.jsonl")
+    assert step["groups_kept"] > 0 and step["updates"] == 1 and step["trained_tokens"] > 0, step
+    assert step["grad_norm"] > 0 and step["learning_rate"] == pytest.approx(1e-4)  # gin/demo/cpu_demo.gin
+    # ... which the RL model folder holds: Adam's first step moves each weight by lr * g / (|g| + eps), so every
+    # tensor changed, by at most the learning rate and by about that much somewhere.
+    sft, rl = (load_file(out / phase / "model" / "model.safetensors") for phase in ("sft", "rl"))
+    assert sft.keys() == rl.keys()
+    moved = {name: float(np.max(np.abs(rl[name].astype(np.float64) - sft[name]))) for name in sft}
+    assert all(value > 0 for value in moved.values()), moved
+    assert max(moved.values()) == pytest.approx(1e-4, rel=0.05), moved

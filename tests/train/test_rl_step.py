@@ -1,5 +1,5 @@
-"""The RL learner step: exact gradient accumulation, agreement with the loss computed by hand on the full batch,
-and the same step on 8 simulated devices as on one (SPEC section 4, step 6)."""
+"""The RL learner step: exact gradient accumulation, agreement with the loss, KL and entropy terms worked out in
+numpy from the model's logits, and the same step on 8 simulated devices as on one (SPEC section 4, step 6)."""
 
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ import numpy as np
 import optax
 import pytest
 
-from rstar_jax.model import ModelConfig, init_params, positions_from_mask, token_logprobs
+from rstar_jax.model import ModelConfig, forward, init_params, positions_from_mask
 from rstar_jax.parallel import make_mesh
-from rstar_jax.rl import PolicyLossOptions, policy_loss
+from rstar_jax.rl import PolicyLossOptions
 from rstar_jax.train.rl_batch import batch_totals, logprob_gap, rl_micro_batches
 from rstar_jax.train.rl_step import RLLearner
 from rstar_jax.train.state import init_train_state, train_state_shardings
@@ -53,14 +53,87 @@ def _learner(mesh, rows: int, options: PolicyLossOptions | None = None):
     return jax.device_put(state, shardings), RLLearner(CONFIG, optimizer, schedule, mesh, shardings, rows, options)
 
 
-def _perturbed(batches):
+def _perturbed(batches, scale: float = 0.3):
     """Old log-probs off the current policy by a function of each row's own tokens and positions (so a row gets the
-    same perturbation in any micro-batch), making the ratio clip on some tokens."""
+    same perturbation in any micro-batch), making the ratio clip on some tokens (and, at scale 1.5, exceed the dual
+    clip's 3 on others)."""
     def shifted(batch):
         ids = np.asarray(batch.tokens.input_ids)
-        offsets = 0.3 * np.sin(7.0 * ids + np.arange(ids.shape[1])[None, :]).astype(np.float32)
+        offsets = scale * np.sin(7.0 * ids + np.arange(ids.shape[1])[None, :]).astype(np.float32)
         return batch.replace(old_logprobs=np.asarray(batch.old_logprobs) + offsets)
     return [shifted(batch) for batch in batches]
+
+
+# ---- the step's terms by hand, in numpy (float64) from the model's logits: nothing from rstar_jax.rl ----
+
+def _logits(params, batch) -> np.ndarray:
+    """The model's logits [B, T, V] of a micro-batch (the plain forward pass, not the fused log-prob head)."""
+    mask = jnp.asarray(batch.tokens.attention_mask)
+    return np.asarray(forward(params, CONFIG, jnp.asarray(batch.tokens.input_ids), positions_from_mask(mask), mask),
+                      np.float64)
+
+
+def _log_softmax(logits: np.ndarray) -> np.ndarray:
+    shifted = logits - logits.max(axis=-1, keepdims=True)
+    return shifted - np.log(np.exp(shifted).sum(axis=-1, keepdims=True))
+
+
+def _target_logprobs_and_entropy(params, batch) -> tuple[np.ndarray, np.ndarray]:
+    """log p(target) [B, T] and the entropy [B, T] of the full next-token softmax."""
+    log_p = _log_softmax(_logits(params, batch))
+    targets = np.asarray(batch.tokens.targets)
+    return np.take_along_axis(log_p, targets[..., None], axis=-1)[..., 0], -(np.exp(log_p) * log_p).sum(axis=-1)
+
+
+def _weights(masks: list[np.ndarray], normalization: str) -> list[np.ndarray]:
+    """Per-token weights over ALL micro-batches: token mean (every trained token of the step counts once) or
+    sequence mean (each sequence's token mean, averaged over the sequences with a trained token)."""
+    masks = [np.asarray(mask, np.float64) for mask in masks]
+    if normalization == "token_mean":
+        count = sum(mask.sum() for mask in masks)
+        return [mask / count for mask in masks]
+    sequences = sum(int((mask.sum(axis=1) > 0).sum()) for mask in masks)
+    return [mask / np.maximum(mask.sum(axis=1, keepdims=True), 1.0) / sequences for mask in masks]
+
+
+def _surrogate(log_ratio: np.ndarray, advantages: np.ndarray, eps_low: float, eps_high: float,
+               dual_clip: float | None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """PPO's per-token loss with Clip-Higher and the dual clip (verl's compute_policy_loss), with 0/1 indicators of
+    the clip range winning and of the dual clip capping."""
+    ratio, a = np.exp(log_ratio), advantages[:, None]
+    plain, clipped = -ratio * a, -np.clip(ratio, 1.0 - eps_low, 1.0 + eps_high) * a
+    loss = np.maximum(plain, clipped)
+    clip_won = (clipped > plain).astype(np.float64)
+    dual = np.zeros_like(loss)
+    if dual_clip is not None:
+        dual = ((a < 0) & (loss > -dual_clip * a)).astype(np.float64)
+        loss = np.where(dual == 1, -dual_clip * a, loss)
+    return loss, clip_won, dual
+
+
+def _step_by_hand(params, batches, options: PolicyLossOptions, reference=None) -> dict[str, float]:
+    """The step's loss and metrics over its micro-batches, by hand: surrogate on the ratio to the batches' old
+    log-probs, plus kl_coef * KL(policy || reference) by the named estimator, minus entropy_coef * entropy."""
+    weights = _weights([batch.loss_mask for batch in batches], options.normalization)
+    totals = {"loss": 0.0, "policy_loss": 0.0, "clipped_fraction": 0.0, "dual_clipped_fraction": 0.0, "kl": 0.0,
+              "entropy": 0.0}
+    for batch, weight in zip(batches, weights):
+        logprobs, entropy = _target_logprobs_and_entropy(params, batch)
+        surrogate, clip_won, dual = _surrogate(logprobs - np.asarray(batch.old_logprobs, np.float64),
+                                               np.asarray(batch.advantages, np.float64), options.eps_low,
+                                               options.eps_high, options.dual_clip)
+        per_token = surrogate.copy()
+        if reference is not None:
+            ref_logprobs, _ = _target_logprobs_and_entropy(reference, batch)
+            log_q_over_p = ref_logprobs - logprobs
+            kl = -log_q_over_p if options.kl_estimator == "k1" else np.exp(log_q_over_p) - log_q_over_p - 1.0
+            per_token += options.kl_coef * kl
+            totals["kl"] += float((kl * weight).sum())
+        per_token -= options.entropy_coef * entropy
+        for name, values in (("loss", per_token), ("policy_loss", surrogate), ("clipped_fraction", clip_won),
+                             ("dual_clipped_fraction", dual), ("entropy", entropy)):
+            totals[name] += float((values * weight).sum())
+    return totals
 
 
 ROLLOUTS = _rollouts(12, seed=1)
@@ -85,20 +158,31 @@ def test_micro_batches_hold_every_rollout_once_sorted_and_bucketed() -> None:
         rl_micro_batches(ROLLOUTS, ADVANTAGES[:3], rows=4)
 
 
-def test_update_loss_equals_the_policy_loss_of_the_full_batch_by_hand() -> None:
+@pytest.mark.parametrize("rows, options, scale", [
+    (12, PolicyLossOptions(), 0.3),                # SPEC 4.6: Clip-Higher 0.2 / 0.28, token mean, one micro-batch
+    (5, PolicyLossOptions(dual_clip=3.0), 1.5),    # the release's dual clip, over three micro-batches
+], ids=["clip-higher", "dual-clip"])
+def test_update_loss_equals_the_policy_loss_worked_out_in_numpy(rows: int, options: PolicyLossOptions,
+                                                                scale: float) -> None:
+    """The learner's loss and clip statistics against the surrogate written out in numpy from the model's logits:
+    Clip-Higher's asymmetric range, the dual clip and token-mean normalisation over every micro-batch's tokens."""
     mesh = make_mesh(devices=jax.devices()[:1])
-    state, learner = _learner(mesh, rows=12)
-    batches = _perturbed(learner.with_policy_logprobs(state.params, rl_micro_batches(ROLLOUTS, ADVANTAGES, 12)))
-    (batch,) = batches
-    tokens = batch.tokens
-    mask = jnp.asarray(tokens.attention_mask)
-    logprobs = token_logprobs(state.params, CONFIG, jnp.asarray(tokens.input_ids), positions_from_mask(mask), mask,
-                              jnp.asarray(tokens.targets))
-    expected = policy_loss(logprobs, jnp.asarray(batch.old_logprobs), jnp.asarray(batch.advantages),
-                           jnp.asarray(batch.loss_mask))
-    _, metrics = learner.update(state, batches)
-    assert metrics["loss"] == pytest.approx(float(expected), abs=1e-6)
+    state, learner = _learner(mesh, rows=rows, options=options)
+    batches = _perturbed(learner.with_policy_logprobs(state.params, rl_micro_batches(ROLLOUTS, ADVANTAGES, rows)),
+                         scale)
+    params = jax.device_get(state.params)
+    expected = _step_by_hand(params, batches, options)
+    _, metrics = learner.update(state, batches)  # donates the state
+    for name in ("loss", "policy_loss", "clipped_fraction"):
+        assert metrics[name] == pytest.approx(expected[name], rel=1e-5, abs=1e-6), name
     assert 0.0 < metrics["clipped_fraction"] < 1.0
+    if options.dual_clip is None:
+        assert "dual_clipped_fraction" not in metrics
+    else:
+        assert metrics["dual_clipped_fraction"] == pytest.approx(expected["dual_clipped_fraction"], abs=1e-6)
+        assert metrics["dual_clipped_fraction"] > 0.01  # the cap is really exercised
+        without_cap = _step_by_hand(params, batches, PolicyLossOptions())
+        assert without_cap["loss"] > expected["loss"] + 0.01  # and it changes the loss
 
 
 def test_gradient_accumulation_equals_one_big_batch() -> None:
@@ -154,15 +238,30 @@ def test_the_on_policy_update_equals_old_logprobs_from_a_pass_of_their_own() -> 
         learner.update(state, rl_micro_batches(ROLLOUTS, ADVANTAGES, 5), on_policy=True)
 
 
-def test_kl_and_entropy_options_reach_the_loss() -> None:
+@pytest.mark.parametrize("estimator", ["k3", "k1"])
+def test_kl_and_entropy_terms_equal_the_numbers_worked_out_by_hand(estimator: str) -> None:
+    """kl, entropy and the loss they enter against numpy from the logits of the policy and of the reference (another
+    random model): token log-probs, the named KL estimator, the entropy of the full softmax, sequence-mean weights
+    over two micro-batches, and loss = surrogate + kl_coef * kl - entropy_coef * entropy."""
     mesh = make_mesh(devices=jax.devices()[:1])
-    options = PolicyLossOptions(kl_coef=0.1, entropy_coef=0.01, dual_clip=3.0, normalization="sequence_mean")
+    options = PolicyLossOptions(kl_coef=0.1, entropy_coef=0.01, kl_estimator=estimator, dual_clip=3.0,
+                                normalization="sequence_mean")
     state, learner = _learner(mesh, rows=6, options=options)
-    reference = jax.tree.map(lambda leaf: leaf * 1.01, jax.device_get(state.params))
-    batches = learner.with_policy_logprobs(state.params, rl_micro_batches(ROLLOUTS, ADVANTAGES, 6), reference)
+    # Another random model with three times the weights: sharper logits, so the KL to it is far from 0.
+    reference = jax.tree.map(lambda leaf: 3.0 * np.asarray(leaf), init_params(CONFIG, jax.random.key(1)))
+    batches = _perturbed(learner.with_policy_logprobs(state.params, rl_micro_batches(ROLLOUTS, ADVANTAGES, 6),
+                                                      reference), 1.5)
+    params = jax.device_get(state.params)
+    expected = _step_by_hand(params, batches, options, reference)
     _, metrics = learner.update(state, batches)
-    assert metrics["kl"] > 0 and metrics["entropy"] > 3.0  # near-uniform over 96 tokens: log 96 = 4.56
-    assert {"dual_clipped_fraction", "clipped_fraction", "approx_kl"} <= set(metrics)
+    for name in ("kl", "entropy", "policy_loss", "loss"):
+        assert metrics[name] == pytest.approx(expected[name], rel=1e-5, abs=1e-6), name
+    assert expected["entropy"] == pytest.approx(np.log(CONFIG.vocab_size), rel=0.01)  # a near-uniform random model
+    # Both terms move the loss by far more than the tolerance, so a dropped term, a flipped sign or a swapped
+    # coefficient fails the comparison above.
+    assert abs(options.kl_coef * expected["kl"]) > 1e-3 and options.entropy_coef * expected["entropy"] > 1e-2
+    assert expected["loss"] == pytest.approx(expected["policy_loss"] + options.kl_coef * expected["kl"]
+                                             - options.entropy_coef * expected["entropy"], abs=1e-9)
 
 
 def test_sharded_rl_step_equals_single_device_step() -> None:
