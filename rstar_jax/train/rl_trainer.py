@@ -151,7 +151,8 @@ class RLTrainer:
         self.tokenizer = load_tokenizer(tokenizer)
         self.problems = [stage.data.load() for stage in self.settings.stages]
         self._check_sizes()
-        optimizer, self.schedule = rl_optimizer(self.settings.total_steps)
+        # The schedule counts optimiser steps: up to updates_per_step of them per RL step.
+        optimizer, self.schedule = rl_optimizer(self.settings.total_steps * self.settings.updates_per_step)
         self.optimizer = optimizer
         self.mesh = mesh if mesh is not None else make_mesh()
         self._params: Params | None = params  # handed to the state (or dropped on a resume) by `start_state`

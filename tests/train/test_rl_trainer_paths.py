@@ -187,6 +187,15 @@ def test_a_filter_that_keeps_nothing_stops_with_an_error_naming_the_stage(tmp_pa
     assert len(steps_done) == empty_stage  # the stage before it trained; nothing of the empty stage ran
 
 
+def test_the_learning_rate_schedule_spans_every_optimiser_step_of_the_run(tmp_path: Path) -> None:
+    """With several updates a step the schedule (counted in optimiser steps) lasts the whole run, not its first
+    1 / updates_per_step."""
+    parse_gin([], ["rl_optimizer.schedule = 'linear'"])
+    settings = RLSettings(stages=(_random_stage("a", 4, 11),), updates_per_step=3)
+    schedule = _random_trainer(tmp_path, settings).schedule
+    assert float(schedule(6)) == pytest.approx(0.5e-4) and float(schedule(12)) == pytest.approx(0.0, abs=1e-12)
+
+
 # ---- TrainingGroups: the batch's group sizes are carried, not inferred ---------------------------------------------
 
 @dataclasses.dataclass(frozen=True)
