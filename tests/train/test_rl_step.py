@@ -176,6 +176,8 @@ def test_update_loss_equals_the_policy_loss_worked_out_in_numpy(rows: int, optio
     for name in ("loss", "policy_loss", "clipped_fraction"):
         assert metrics[name] == pytest.approx(expected[name], rel=1e-5, abs=1e-6), name
     assert 0.0 < metrics["clipped_fraction"] < 1.0
+    symmetric = _step_by_hand(params, batches, dataclasses.replace(options, eps_high=options.eps_low))
+    assert abs(symmetric["loss"] - expected["loss"]) > 1e-4  # ratios in (1.2, 1.28]: Clip-Higher's range matters
     if options.dual_clip is None:
         assert "dual_clipped_fraction" not in metrics
     else:
