@@ -259,6 +259,9 @@ class RLTrainer:
         (issue 22 item 2); a KL reference is a copy sharded like the parameters."""
         params, self._params = self._params, None
         if record is None:
+            if params is None:
+                raise RuntimeError(f"this RLTrainer already handed its start parameters to a run and {self.run_dir} "
+                                   f"has no checkpoint to resume from: build a new RLTrainer")
             state = new_train_state(params, self.optimizer, self.shardings)
             return state, (jax.tree.map(jnp.copy, state.params) if self.loss.needs_reference else None)
         del params
