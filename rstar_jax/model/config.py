@@ -229,17 +229,6 @@ class ModelConfig:
         return d
 
 
-def bound_model_fields(*names: str) -> dict[str, Any]:
-    """gin's unscoped `ModelConfig.<name>` bindings among `names`, those that are bound (nothing when none are)."""
-    bound: dict[str, Any] = {}
-    for name in names:
-        try:
-            bound[name] = gin.query_parameter(f"ModelConfig.{name}")
-        except ValueError:  # not bound (gin says so with a ValueError)
-            continue
-    return bound
-
-
 def model_precision(checkpoint_dtype: str | None = None, *, param_dtype: str | None = None,
                     dtype: str | None = None) -> dict[str, str]:
     """The storage and compute dtypes a model is built with: {"param_dtype": ..., "dtype": ...} (issue 22 item 1).
@@ -251,7 +240,12 @@ def model_precision(checkpoint_dtype: str | None = None, *, param_dtype: str | N
     Qwen3 ships bfloat16 weights, and bfloat16 master weights lose a 1e-6 AdamW update to rounding (a bfloat16
     weight of 0.02 moves in steps of 1.2e-4), so a run that took the folder's dtype would train without changing.
     """
-    bound = bound_model_fields("param_dtype", "dtype")
+    bound: dict[str, str] = {}
+    for name in ("param_dtype", "dtype"):
+        try:
+            bound[name] = gin.query_parameter(f"ModelConfig.{name}")
+        except ValueError:  # gin's word for "not bound"
+            continue
     fallback = _normalise_dtype(checkpoint_dtype) if checkpoint_dtype is not None else "float32"
     return {"param_dtype": _normalise_dtype(param_dtype or bound.get("param_dtype") or fallback),
             "dtype": _normalise_dtype(dtype or bound.get("dtype") or fallback)}

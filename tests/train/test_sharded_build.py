@@ -18,6 +18,7 @@ import gin
 import jax
 import numpy as np
 import pytest
+from jax.sharding import PartitionSpec
 
 import rstar_jax
 from rstar_jax.model import ModelConfig, init_params, load_hf
@@ -129,8 +130,8 @@ def _matrix_shapes(config: ModelConfig) -> set[tuple[int, ...]]:
     params = abstract_params(config)
     shapes = set()
     for (keypath, leaf), spec in zip(jax.tree_util.tree_leaves_with_path(params),
-                                     jax.tree.leaves(param_specs(params), is_leaf=lambda x: x is not None
-                                                     and type(x).__name__ == "PartitionSpec")):
+                                     jax.tree.leaves(param_specs(params),
+                                                     is_leaf=lambda x: isinstance(x, PartitionSpec))):
         stacked = keypath[0].key == "layers"
         if leaf.ndim - stacked >= 2 and any(axis is not None for axis in spec):
             shapes.add(tuple(leaf.shape))
