@@ -357,7 +357,7 @@ class RLTrainer:
             state = state.replace(opt_state=init_optimizer_state(state.params, self.optimizer,
                                                                   self.shardings.opt_state))
         if stage.refresh_reference and reference is not None:
-            reference = jax.tree.map(lambda leaf: leaf.copy(), state.params)
+            reference = jax.tree.map(jnp.copy, state.params)  # sharded like the parameters
         return state, reference, self._iterator(index, kept)
 
     async def _step(self, step: int, stage_index: int, state: TrainState, reference: Params | None, iterator: Any,
