@@ -17,6 +17,7 @@ rollouts the fleet's KV cache holds; it exits 1 when the config cannot run.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 from pathlib import Path
 from typing import Sequence
@@ -29,15 +30,17 @@ from experiments.make_tiny_model import TINY_MODEL_GIN
 from experiments.sft import DEFAULT_GIN as SFT_GIN
 from rstar_jax.console import log_to, say
 from rstar_jax.gin_setup import knob_help, parse_gin, write_operative_config
+from rstar_jax.eval.heldout import HeldOutEval
 from rstar_jax.model import load_hf
 from rstar_jax.model.folder import save_model_folder
 from rstar_jax.parallel.gpu_placement import apply_learner_devices, learner_devices
 from rstar_jax.processes import running_sandbox
+from rstar_jax.reward import VerifierPool
 from rstar_jax.rollout.backends import RolloutBackend
-from rstar_jax.parallel import make_mesh
+from rstar_jax.train.dry_run import ClusterSpec, DryRun, DryRunError, format_dry_run, model_config, plan_dry_run
 from rstar_jax.train.metrics import read_metrics
 from rstar_jax.train.plots import plot_metrics
-from rstar_jax.train.dry_run import DryRunError, format_dry_run, plan_dry_run
+from rstar_jax.train.rl_setup import RLSetup, rl_setup
 from rstar_jax.train.rl_trainer import RLTrainer
 
 KNOBS = ("RLSettings.prompts_per_step", "RLSettings.group_size", "RLSettings.zero_variance", "RLSettings.seed",
@@ -56,18 +59,24 @@ def distributed(initialize: bool = False, coordinator_address: str | None = None
                                    process_id=process_id)
 
 
-def place_learner() -> None:
+def place_learner(backend: RolloutBackend) -> None:
     """One node shared by the learner and the vLLM servers it launches (gin/paper/one_node.gin): restrict JAX to
     gin `learner_devices.gpus` with `learner_devices.memory_fraction` of each, after checking them against
     `RolloutBackend.vllm_per_server_gpus` (disjoint, within `learner_devices.node_gpus`). Nothing bound: nothing
     changes. Runs before anything touches a device (see `rstar_jax.parallel.gpu_placement`)."""
-    apply_learner_devices(learner_devices(), RolloutBackend().launched_server_gpus)
+    apply_learner_devices(learner_devices(), backend.launched_server_gpus)
 
 
-def dry_run(device_count: int, model_dir: str | None = None) -> int:
-    """Print the dry run's plan of the parsed gin config on `device_count` devices; 0 when it fits, else 1."""
+def dry_run_plan(setup: RLSetup, device_count: int, model_dir: str | None = None) -> DryRun:
+    """The dry run's plan of `setup` (the trainer's own) on `device_count` devices, with the parsed gin config's
+    model (or `model_dir`'s, at the trainer's precision), held-out evaluation budget and `ClusterSpec`."""
+    return plan_dry_run(setup, device_count, model_config(model_dir), HeldOutEval(), ClusterSpec())
+
+
+def dry_run(setup: RLSetup, device_count: int, model_dir: str | None = None) -> int:
+    """Print `dry_run_plan`; 0 when the config fits, else 1."""
     try:
-        plan = plan_dry_run(device_count, model_dir)
+        plan = dry_run_plan(setup, device_count, model_dir)
     except DryRunError as exc:
         print(f"dry run: {exc}", file=sys.stderr)
         return 1
@@ -95,22 +104,20 @@ def main(argv: Sequence[str] | None = None) -> Path | int:
     if not args.dry_run and (args.model is None or args.out is None):
         parser.error("--model and --out are required (unless --dry_run)")
     parse_gin(args.gin_file or [TINY_MODEL_GIN, SFT_GIN, DEMO_GIN], args.gin_param)
+    setup = rl_setup()  # the run's objects, built once from gin: the trainer and the dry run read the same
     if args.dry_run:
-        return dry_run(args.devices if args.devices is not None else jax.device_count(), args.model)
-    place_learner()
+        return dry_run(setup, args.devices if args.devices is not None else jax.device_count(), args.model)
+    place_learner(setup.backend)  # before anything touches a device (building the setup does not)
     distributed()
     out = Path(args.out)
-    mesh = make_mesh()
+    mesh = setup.mesh()
     model = load_hf(args.model, mesh=mesh)  # straight into its shards; precision from gin (recipe: f32 / bf16)
     config = model.config
-    with log_to(out / "train.log"):
-        trainer = RLTrainer(out, config, model.params, args.model, mesh=mesh)
+    with log_to(out / "train.log"), VerifierPool() as verifier, contextlib.ExitStack() as stack:
+        trainer = RLTrainer(out, config, model.params, args.model, setup, mesh)
         del model  # the trainer's state takes the parameters over: no second copy stays on the devices
-        if args.sandbox_url:
-            params = trainer.run(args.sandbox_url)
-        else:
-            with running_sandbox(["--workers", "2"]) as sandbox:
-                params = trainer.run([sandbox.url])
+        sandbox_urls = args.sandbox_url or [stack.enter_context(running_sandbox(["--workers", "2"])).url]
+        params = trainer.run(sandbox_urls, verifier)
         folder = save_model_folder(config, params, out / "model", args.model)
         plot_metrics(read_metrics(out / "metrics.jsonl"), out / "plots", "RL")
         write_operative_config(out)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import inspect
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Callable, Sequence
 
 import gin
 
@@ -80,3 +80,11 @@ def _resolve(name: str) -> str:
         if candidate.is_file():
             return str(candidate)
     raise GinConfigError(f"gin file {name!r} not found (looked in the working directory and {GIN_DIR})")
+
+
+def gin_kwargs(configurable: Callable[..., Any]) -> dict[str, Any]:
+    """The arguments a gin-configurable function gets when called without them: its signature's defaults, then
+    what the parsed gin config binds (unscoped)."""
+    defaults = {name: parameter.default for name, parameter in inspect.signature(configurable).parameters.items()
+                if parameter.default is not inspect.Parameter.empty}
+    return {**defaults, **gin.get_bindings(configurable)}

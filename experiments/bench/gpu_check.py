@@ -284,9 +284,9 @@ def learner_step(config: ModelConfig, sizes: Sizes, rollouts: list[Rollout], adv
     state = init_train_state(params, optimizer)
     shardings = train_state_shardings(state, mesh)
     learner = RLLearner(config, optimizer, schedule, mesh, shardings, rows, PolicyLossOptions())
-    batches = rl_micro_batches(rollouts, advantages, rows)
+    batches = rl_micro_batches(rollouts, advantages, rows, multiple=sizes.seq)
     if batches[0].shape[1] != sizes.seq:
-        raise ValueError(f"rows of {sizes.seq} tokens padded to {batches[0].shape[1]} (gin bucket_length)")
+        raise ValueError(f"rows of {sizes.seq} tokens padded to {batches[0].shape[1]}")
     holder = {"state": jax.device_put(state, shardings)}
     del params, state
 

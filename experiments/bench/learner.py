@@ -202,6 +202,11 @@ def jax_loss_call(config: ModelConfig, params: Any, batch: TokenBatch) -> tuple[
     return lambda: jax.block_until_ready(step(params, config, batch)), info
 
 
+def exact_length(rollouts: Sequence[Rollout]) -> int:
+    """The padding multiple that pads the rollouts' rows to exactly their longest (targets: tokens - 1)."""
+    return max(len(rollout.token_ids) for rollout in rollouts) - 1
+
+
 def jax_grpo_call(config: ModelConfig, params: Any, rollouts: list[Rollout], advantages: np.ndarray,
                   micro_batches: int) -> tuple[Callable[[], Any], dict[str, Any], list[RLBatch]]:
     """`RLLearner.update` on the rollouts' micro-batches (state donated and replaced every call), compiled by one
@@ -213,7 +218,7 @@ def jax_grpo_call(config: ModelConfig, params: Any, rollouts: list[Rollout], adv
     shardings = train_state_shardings(state, mesh)
     learner = RLLearner(config, optimizer, schedule, mesh, shardings, rows, PolicyLossOptions())
     batches = [perturbed_old_logprobs(batch) for batch in learner.with_policy_logprobs(
-        params, rl_micro_batches(rollouts, advantages, rows))]
+        params, rl_micro_batches(rollouts, advantages, rows, multiple=exact_length(rollouts)))]
     holder = {"state": jax.device_put(state, shardings)}
 
     def update() -> dict[str, float]:
@@ -238,7 +243,7 @@ def jax_old_logprob_calls(config: ModelConfig, params: Any, rollouts: list[Rollo
     state = init_train_state(jax.tree.map(jnp.copy, params), optimizer)
     shardings = train_state_shardings(state, mesh)
     learner = RLLearner(config, optimizer, schedule, mesh, shardings, rows, PolicyLossOptions())
-    batches = rl_micro_batches(rollouts, advantages, rows)
+    batches = rl_micro_batches(rollouts, advantages, rows, multiple=exact_length(rollouts))
     holder = {"state": jax.device_put(state, shardings)}
 
     def own_pass() -> dict[str, float]:
@@ -343,10 +348,7 @@ def run_configuration(config: ModelConfig, configuration: Configuration, warmup:
         raise ValueError(f"{rows} rows do not split into {configuration.micro_batches} micro-batches")
     params = init_params(config, jax.random.key(seed))
     rollouts, advantages = synthetic_rollouts(rows, seq, config.vocab_size, seed)
-    loss_batch = make_batch(rollouts)
-    if loss_batch.input_ids.shape[1] != seq:  # both sides would then time different work (torch reads the padding)
-        raise ValueError(f"[{rows} x {seq}] rows pad to {loss_batch.input_ids.shape[1]} tokens (gin bucket_length): "
-                         f"bind a multiple that divides {seq}, e.g. --gin_param 'bucket_length.multiple = {seq}'")
+    loss_batch = make_batch(rollouts, multiple=exact_length(rollouts))  # no padding: torch would read it
     loss_batch = loss_batch.replace(loss_mask=np.ones_like(loss_batch.loss_mask))  # every next token: HF's loss
     calls, infos = {}, {}
     calls["jax loss"], infos["jax loss"] = jax_loss_call(config, params, loss_batch)

@@ -26,8 +26,7 @@ from rstar_jax.grid.points import GridError, Point
 from rstar_jax.grid.report import write_report
 from rstar_jax.grid.runner import point_status, run_dir, run_points, write_json
 from rstar_jax.processes import running_sandbox
-from rstar_jax.rl import make_selector
-from rstar_jax.train.rl_trainer import RLSettings
+from rstar_jax.train.rl_setup import rl_setup
 
 POINT_MODULE = "experiments.grid_point"
 
@@ -48,7 +47,7 @@ def add_grid_arguments(parser: argparse.ArgumentParser, default_out: str, defaul
 
 
 def check_points(points: Sequence[Point], gin_files: Sequence[str], base_params: Sequence[str]) -> None:
-    """Parse each point's gin configuration and build its RL settings, selector and evaluation (SPEC 4-5, 7), so a
+    """Parse each point's gin configuration and build its RL setup (`rl_setup`) and evaluation (SPEC 4-5, 7), so a
     misspelled or invalid binding, or a missing model folder, stops the grid before any run; GridError naming the
     point. Needs the configurables registered (the calling script imports the point command's module)."""
     for point in points:
@@ -56,7 +55,7 @@ def check_points(points: Sequence[Point], gin_files: Sequence[str], base_params:
             raise GridError(f"point {point.name}: {point.model} is not a model folder (no config.json)")
         try:
             parse_gin(gin_files, [*base_params, *point.bindings])
-            RLSettings(), make_selector(), HeldOutEval()
+            rl_setup(), HeldOutEval()
         except (GinConfigError, ValueError, TypeError) as exc:
             raise GridError(f"point {point.name}: {exc}") from exc
         finally:

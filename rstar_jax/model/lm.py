@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import functools
 
-import gin
 import jax
 import jax.numpy as jnp
 
@@ -68,7 +67,6 @@ def forward(params: Params, config: ModelConfig, input_ids: jax.Array, positions
     return logits_from_hidden(params, config, hidden_states(params, config, input_ids, positions, attention_mask))
 
 
-@gin.configurable
 def token_logprobs(params: Params, config: ModelConfig, input_ids: jax.Array, positions: jax.Array,
                    attention_mask: jax.Array, targets: jax.Array, chunk_size: int = 512) -> jax.Array:
     """log p(targets[b, t] | input_ids[b, :t+1]) as float32 [B, T], for the GRPO loss (SPEC section 4, step 6).
@@ -81,7 +79,6 @@ def token_logprobs(params: Params, config: ModelConfig, input_ids: jax.Array, po
     return _token_logprobs(params, config, input_ids, positions, attention_mask, targets, chunk_size, False)[0]
 
 
-@gin.configurable
 def token_logprobs_and_entropy(params: Params, config: ModelConfig, input_ids: jax.Array, positions: jax.Array,
                                attention_mask: jax.Array, targets: jax.Array,
                                chunk_size: int = 512) -> tuple[jax.Array, jax.Array]:

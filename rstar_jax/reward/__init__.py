@@ -2,7 +2,7 @@
 
 from rstar_jax.reward.extraction import extract_final_answer
 from rstar_jax.reward.normalization import normalize_answer
-from rstar_jax.reward.pool import VerifierPool, shared_pool, verify_batch
+from rstar_jax.reward.pool import VerifierPool
 from rstar_jax.reward.verifier import Verifier, answers_equivalent, verify
 
 __all__ = [
@@ -11,7 +11,5 @@ __all__ = [
     "answers_equivalent",
     "extract_final_answer",
     "normalize_answer",
-    "shared_pool",
     "verify",
-    "verify_batch",
 ]

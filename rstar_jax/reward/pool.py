@@ -11,7 +11,6 @@ milliseconds and no worker carries the trainer's JAX threads or re-imports its m
 
 from __future__ import annotations
 
-import atexit
 import dataclasses
 import math
 import os
@@ -235,22 +234,3 @@ class VerifierPool:
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()
-
-
-_shared_pool: VerifierPool | None = None
-_shared_pool_lock = threading.Lock()
-
-
-def shared_pool() -> VerifierPool:
-    """The process-wide pool behind `verify_batch`, created on first use with its gin configuration."""
-    global _shared_pool
-    with _shared_pool_lock:
-        if _shared_pool is None:
-            _shared_pool = VerifierPool()
-            atexit.register(_shared_pool.close)
-        return _shared_pool
-
-
-def verify_batch(responses: Sequence[str], references: Sequence[str], timeout_s: float | None = None) -> list[bool]:
-    """Batched SPEC 3 rewards through the shared `VerifierPool` (see `VerifierPool.verify_batch`)."""
-    return shared_pool().verify_batch(responses, references, timeout_s=timeout_s)

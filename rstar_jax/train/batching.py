@@ -11,7 +11,6 @@ from __future__ import annotations
 from typing import Protocol, Sequence
 
 import flax.struct
-import gin
 import jax
 import numpy as np
 
@@ -39,7 +38,6 @@ class TokenBatch:
         return tuple(self.input_ids.shape)
 
 
-@gin.configurable
 def bucket_length(length: int, multiple: int | None = None, minimum: int = 16) -> int:
     """The padded length for a batch whose longest row has `length` tokens.
 
@@ -57,8 +55,9 @@ def bucket_length(length: int, multiple: int | None = None, minimum: int = 16) -
     return max(minimum, 1 << (length - 1).bit_length())
 
 
-def make_batch(sequences: Sequence[TokenSequence], pad_id: int = 0) -> TokenBatch:
-    """Shifted, right-padded numpy arrays of `sequences`, padded to `bucket_length` of the longest row.
+def make_batch(sequences: Sequence[TokenSequence], pad_id: int = 0, multiple: int | None = None) -> TokenBatch:
+    """Shifted, right-padded numpy arrays of `sequences`, padded to `bucket_length` of the longest row (to a
+    multiple of `multiple`, else the next power of two).
 
     Errors name the offending row: ids and mask of different lengths, fewer than 2 tokens, a mask value other
     than 0/1.
@@ -73,7 +72,7 @@ def make_batch(sequences: Sequence[TokenSequence], pad_id: int = 0) -> TokenBatc
             raise ValueError(f"sequence {row} has {len(ids)} token(s); a training example needs at least 2")
         if any(m not in (0, 1) for m in mask):
             raise ValueError(f"sequence {row} has loss mask values other than 0 and 1")
-    length = bucket_length(max(len(s.token_ids) for s in sequences) - 1)
+    length = bucket_length(max(len(s.token_ids) for s in sequences) - 1, multiple)
     shape = (len(sequences), length)
     input_ids, targets = np.full(shape, pad_id, np.int32), np.full(shape, pad_id, np.int32)
     attention_mask, loss_mask = np.zeros(shape, np.int32), np.zeros(shape, np.int32)

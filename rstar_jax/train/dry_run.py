@@ -1,10 +1,10 @@
 """`--dry_run`: check a gin-configured RL run against a cluster of N devices without allocating the model (issue 11
 item 4; SPEC sections 4-7 give the recipe numbers it reads, DESIGN "Scale-out" the pieces it sizes).
 
-Everything comes from the parsed gin config: the model (`ModelConfig`), the mesh (`make_mesh`'s bindings), the run
-(`RLSettings` and its stages, `make_selector`, `rl_optimizer`, `PolicyLossOptions`, `rl/bucket_length`,
-`token_logprobs.chunk_size`), the rollout fleet (`RolloutBackend`, `server_command`), the evaluation
-(`HeldOutEval`) and the hardware (`ClusterSpec`, below). `plan_dry_run(N)` computes the plan with abstract shapes
+The run comes as the same `RLSetup` object the trainer is built from (`rl_setup()`: settings and stages, selector,
+loss, optimiser, rollout backend, mesh axes), so the plan cannot drift from the run; besides it, the model
+(`ModelConfig`, or a folder's config with the trainer's precision decision), the servers' flags (`server_command`),
+the evaluation's response budget and the hardware (`ClusterSpec`, below). `plan_dry_run` computes the plan with abstract shapes
 on an AbstractMesh (`rstar_jax.parallel.plan`, `rstar_jax.train.memory_plan`, `rstar_jax.rollout.kv_budget`);
 `format_dry_run` writes it out, and its `problems` say why a config cannot run (nothing fits, lengths exceed the
 model's or the servers' limits). A mesh that does not divide N raises `DryRunError` at once.
@@ -13,21 +13,17 @@ model's or the servers' limits). A mesh that does not divide N raises `DryRunErr
 from __future__ import annotations
 
 import dataclasses
-import inspect
 import math
-from typing import Any, Callable
+from typing import Any, Protocol
 
 import gin
 import numpy as np
 
-from rstar_jax.eval.heldout import HeldOutEval
+from rstar_jax.gin_setup import gin_kwargs
 from rstar_jax.model.config import ModelConfig, model_precision
 from rstar_jax.model.hf_io import hf_model_config
-from rstar_jax.model.lm import token_logprobs
-from rstar_jax.parallel import make_mesh
 from rstar_jax.parallel.gpu_placement import check_gpu_placement, learner_devices
 from rstar_jax.parallel.plan import ParamPlacement, abstract_mesh, param_placements
-from rstar_jax.rl import PolicyLossOptions, make_selector
 from rstar_jax.rollout.backends import RolloutBackend
 from rstar_jax.rollout.kv_budget import (ServerShape, concurrent_sequences, kv_budget_bytes, kv_bytes_per_token,
                                          sequence_kv_bytes, server_shape)
@@ -35,14 +31,20 @@ from rstar_jax.rollout.vllm_server import server_command
 from rstar_jax.train.batching import bucket_length
 from rstar_jax.train.memory_plan import (ACTIVATION_FORMULA, LocalDims, StateMemory, abstract_params,
                                          activation_parts, local_dims, state_memory)
-from rstar_jax.train.optim import rl_optimizer
-from rstar_jax.train.rl_trainer import RLSettings
+from rstar_jax.train.rl_setup import RLSetup
 
 GIB = 1024 ** 3
 
 
 class DryRunError(ValueError):
     """A config the dry run cannot even plan (no model, a mesh that does not divide the devices)."""
+
+
+class ResponseBudget(Protocol):
+    """An evaluation's lengths as the dry run reads them (`HeldOutEval`, `BenchmarkEval`)."""
+
+    max_turns: int
+    max_response_tokens: int
 
 
 @gin.configurable
@@ -74,14 +76,6 @@ class ClusterSpec:
             raise ValueError(f"ClusterSpec.activation_factor must be positive, got {self.activation_factor}")
         if self.prompt_tokens < 1:
             raise ValueError(f"ClusterSpec.prompt_tokens must be >= 1, got {self.prompt_tokens}")
-
-
-def gin_kwargs(configurable: Callable[..., Any]) -> dict[str, Any]:
-    """The arguments a gin-configurable function gets when called without them: its signature's defaults, then
-    what the parsed gin config binds (unscoped)."""
-    defaults = {name: parameter.default for name, parameter in inspect.signature(configurable).parameters.items()
-                if parameter.default is not inspect.Parameter.empty}
-    return {**defaults, **gin.get_bindings(configurable)}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -146,7 +140,7 @@ class DryRun:
         return int(self.cluster.device_memory_gib * GIB * self.cluster.learner_memory_fraction)
 
 
-def _model_config(model_dir: str | None) -> ModelConfig:
+def model_config(model_dir: str | None = None) -> ModelConfig:
     """The model the trainer would build: from `model_dir`'s config.json as `load_hf` reads it, else from gin's
     ModelConfig; either way with the dtypes of `model_precision`, the decision the trainer makes (issue 22 item 1)."""
     if model_dir is not None:
@@ -158,10 +152,9 @@ def _model_config(model_dir: str | None) -> ModelConfig:
                           f"as paper/qwen3_14b.gin or model/tiny.gin): {exc}") from exc
 
 
-def _mesh(device_count: int) -> tuple[dict[str, int], Any]:
-    bindings = {name: value for name, value in gin_kwargs(make_mesh).items() if name != "devices"}
+def _mesh(axes: dict[str, int], device_count: int) -> tuple[dict[str, int], Any]:
     try:
-        return bindings, abstract_mesh(bindings, device_count)
+        return axes, abstract_mesh(axes, device_count)
     except ValueError as exc:
         raise DryRunError(f"the mesh does not fit {device_count} devices: {exc}") from exc
 
@@ -216,20 +209,19 @@ def _sequences(fleet: FleetPlan, context: int) -> int:
                                 fleet.shape.max_num_seqs)
 
 
-def plan_dry_run(device_count: int, model_dir: str | None = None) -> DryRun:
-    """The plan of the parsed gin config's RL run on `device_count` learner devices (see the module docstring),
-    for the model in `model_dir` (an HF folder, as `experiments.train --model`) or gin's ModelConfig."""
-    config = _model_config(model_dir)
-    mesh_bindings, mesh = _mesh(device_count)
-    cluster, settings, backend = ClusterSpec(), RLSettings(), RolloutBackend()
-    evaluation = HeldOutEval()
-    optimizer, _ = rl_optimizer(settings.total_steps)
+def plan_dry_run(setup: RLSetup, device_count: int, config: ModelConfig, evaluation: ResponseBudget,
+                 cluster: ClusterSpec) -> DryRun:
+    """The plan of the RL run `setup` describes (the trainer's own `RLSetup`) on `device_count` learner devices
+    for the model `config` (`model_config`), with `evaluation`'s response budget, on `cluster` (see the module
+    docstring)."""
+    settings, backend = setup.settings, setup.backend
+    mesh_bindings, mesh = _mesh(dict(setup.mesh_axes), device_count)
     params = abstract_params(config)
     placements = param_placements(params, mesh)
-    state = state_memory(config, optimizer, mesh, PolicyLossOptions().needs_reference)
+    state = state_memory(config, setup.optimizer, mesh, setup.loss.needs_reference)
     fleet = _fleet(config, backend, cluster, state.param_count)
-    chunk = gin_kwargs(token_logprobs)["chunk_size"]
-    per_prompt = make_selector().rollouts_per_prompt(settings.group_size)
+    chunk = settings.logprob_chunk
+    per_prompt = setup.selector.rollouts_per_prompt(settings.group_size)
     problems: list[str] = []
     notes: list[str] = []
     usable = int(cluster.device_memory_gib * GIB * cluster.learner_memory_fraction)
@@ -237,8 +229,7 @@ def plan_dry_run(device_count: int, model_dir: str | None = None) -> DryRun:
     stages = []
     for stage in settings.stages:
         context = cluster.prompt_tokens + stage.max_response_tokens
-        with gin.config_scope("rl"):  # the trainer pads RL rows under this scope
-            padded = bucket_length(context)
+        padded = bucket_length(context, settings.pad_multiple)
         dims = local_dims(config, mesh, settings.micro_batch_rows, padded)
         parts = activation_parts(config, dims, chunk)
         stages.append(LengthPlan(stage.name, stage.steps, stage.max_turns, context, padded, dims, parts,
@@ -332,7 +323,7 @@ def _memory_lines(plan: DryRun) -> list[str]:
                      + f" {st.activation_total / GIB:>10.2f} {total / GIB:>13.2f}  "
                      + ("yes" if total <= plan.usable_bytes else "NO"))
     lines.append("  (GiB; T = bucket_length(prompt allowance "
-                 f"{plan.cluster.prompt_tokens:,} + max_response_tokens) under gin scope 'rl'; the fits check "
+                 f"{plan.cluster.prompt_tokens:,} + max_response_tokens, RLSettings.pad_multiple); the fits check "
                  f"multiplies the estimate by ClusterSpec.activation_factor = {plan.cluster.activation_factor:g})")
     lines += ["  " + line for line in ACTIVATION_FORMULA.splitlines()]
     return lines

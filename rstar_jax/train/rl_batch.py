@@ -48,8 +48,9 @@ class RLBatch:
         return self.tokens.loss_mask
 
 
-def _rows(sequences: Sequence[RolloutSequence], advantages: np.ndarray, rows: int, pad_id: int) -> RLBatch:
-    tokens = make_batch(sequences, pad_id)
+def _rows(sequences: Sequence[RolloutSequence], advantages: np.ndarray, rows: int, pad_id: int,
+          multiple: int | None) -> RLBatch:
+    tokens = make_batch(sequences, pad_id, multiple)
     real, length = tokens.shape
     logprobs = np.zeros((rows, length), np.float32)
     for row, sequence in enumerate(sequences):
@@ -65,8 +66,9 @@ def _rows(sequences: Sequence[RolloutSequence], advantages: np.ndarray, rows: in
 
 
 def rl_micro_batches(sequences: Sequence[RolloutSequence], advantages: Sequence[float], rows: int,
-                     pad_id: int = 0) -> list[RLBatch]:
-    """The micro-batches of `rows` rows each that hold `sequences` (longest first) with their `advantages`.
+                     pad_id: int = 0, multiple: int | None = None) -> list[RLBatch]:
+    """The micro-batches of `rows` rows each that hold `sequences` (longest first) with their `advantages`, each
+    padded to `bucket_length(longest, multiple)` (`RLSettings.pad_multiple`: one multiple bounds the compiled shapes).
 
     Every sequence appears exactly once; the rows' order within the batch does not change the loss (it is a sum).
     """
@@ -83,7 +85,7 @@ def rl_micro_batches(sequences: Sequence[RolloutSequence], advantages: Sequence[
     order = sorted(range(len(sequences)), key=lambda index: -len(sequences[index].token_ids))
     advantages = np.asarray(advantages, np.float32)
     return [_rows([sequences[i] for i in order[start:start + rows]], advantages[order[start:start + rows]], rows,
-                  pad_id) for start in range(0, len(order), rows)]
+                  pad_id, multiple) for start in range(0, len(order), rows)]
 
 
 def batch_totals(micro_batches: Sequence[RLBatch]) -> tuple[float, float]:

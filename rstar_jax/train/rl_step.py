@@ -36,19 +36,20 @@ def rl_batch_shardings(mesh: Mesh, rows: int) -> RLBatch:
                    per_token)
 
 
-def _logprobs_and_entropy(params: Params, config: ModelConfig, batch: RLBatch,
-                          with_entropy: bool) -> tuple[jax.Array, jax.Array | None]:
+def _logprobs_and_entropy(params: Params, config: ModelConfig, batch: RLBatch, with_entropy: bool,
+                          chunk_size: int) -> tuple[jax.Array, jax.Array | None]:
     tokens = batch.tokens
     mask = jnp.asarray(tokens.attention_mask)
     args = (params, config, jnp.asarray(tokens.input_ids), positions_from_mask(mask), mask,
             jnp.asarray(tokens.targets))
     if with_entropy:
-        return token_logprobs_and_entropy(*args)
-    return token_logprobs(*args), None
+        return token_logprobs_and_entropy(*args, chunk_size=chunk_size)
+    return token_logprobs(*args, chunk_size=chunk_size), None
 
 
 class RLLearner:
-    """Jitted pieces of an RL update for micro-batches of `rows` rows on `mesh`.
+    """Jitted pieces of an RL update for micro-batches of `rows` rows on `mesh`, with the policy loss of `loss`;
+    log-probs come `logprob_chunk` positions at a time (`token_logprobs`' chunk_size: memory, not maths).
 
     `with_policy_logprobs(params, batches)` fills each micro-batch's old (or reference) log-probs; `update(state,
     batches)` makes ONE optimiser step from all of them (a mini-batch) and returns the new state and metrics. The
@@ -56,10 +57,11 @@ class RLLearner:
     """
 
     def __init__(self, config: ModelConfig, optimizer: optax.GradientTransformation, schedule: optax.Schedule,
-                 mesh: Mesh, state_shardings: TrainState, rows: int,
-                 loss: PolicyLossOptions | None = None) -> None:
-        self.config, self.mesh, self.rows = config, mesh, rows
-        self.loss = loss or PolicyLossOptions()
+                 mesh: Mesh, state_shardings: TrainState, rows: int, loss: PolicyLossOptions,
+                 logprob_chunk: int = 512) -> None:
+        if logprob_chunk < 1:
+            raise ValueError(f"logprob_chunk must be >= 1, got {logprob_chunk}")
+        self.config, self.mesh, self.rows, self.loss, self.chunk = config, mesh, rows, loss, logprob_chunk
         params_sharding = state_shardings.params
         batch_sharding = rl_batch_shardings(mesh, rows)
         replicated = NamedSharding(mesh, PartitionSpec())
@@ -88,11 +90,11 @@ class RLLearner:
 
     def _policy_logprobs(self, params: Params, batch: RLBatch) -> jax.Array:
         with use_mesh(self.mesh):
-            return _logprobs_and_entropy(params, self.config, batch, False)[0]
+            return _logprobs_and_entropy(params, self.config, batch, False, self.chunk)[0]
 
     def _micro_loss(self, params: Params, batch: RLBatch, totals: jax.Array,
                     on_policy: bool) -> tuple[jax.Array, Metrics]:
-        logprobs, entropy = _logprobs_and_entropy(params, self.config, batch, self.loss.needs_entropy)
+        logprobs, entropy = _logprobs_and_entropy(params, self.config, batch, self.loss.needs_entropy, self.chunk)
         options = self.loss
         extra = {}
         if on_policy:  # the parameters ARE the sampling policy: old log-probs are this forward's, held constant

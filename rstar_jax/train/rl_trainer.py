@@ -2,11 +2,13 @@
 4-5; DESIGN "Data flow of one RL step").
 
 Each step: the stage's prompts (grain) -> `selector.rollouts_per_prompt(G)` rollouts each through `AgentLoop`
-(engines behind one `FailoverEngine`, tools on the sandbox server) -> `verify_batch` -> selection and advantages
-(`training_groups`; groups without reward spread dropped or refilled from the next prompts) -> the learner's old
-log-probs and update(s) -> weights pushed to every engine -> metrics (JSONL + TensorBoard) -> an orbax checkpoint.
-Every random choice derives from the run's seed and the step, and checkpoints hold the iterator, so a killed run
-rerun with the same command continues exactly as the uninterrupted run would have.
+(engines behind one router, tools on the sandbox server), verified (`verified_rollouts`) -> selection and
+advantages (`training_groups`; groups without reward spread dropped or refilled from the next prompts) -> the
+learner's old log-probs and update(s) -> weights pushed to every engine -> the step's hooks (`rl_hooks`: an orbax
+checkpoint, metrics as JSONL + TensorBoard, the progress line, and any a user adds). Every random choice derives
+from the run's seed and the step, and checkpoints hold the iterator, so a killed run rerun with the same command
+continues exactly as the uninterrupted run would have. Everything the run is built from comes in as objects
+(`RLSetup`, built from gin at the entry points by `rl_setup`); nothing here reads gin.
 """
 
 from __future__ import annotations
@@ -16,89 +18,40 @@ import contextlib
 import dataclasses
 import time
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
-import gin
 import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh
 
 from rstar_jax.agent.tool_protocol import ToolExecutor, ToolOutcome
-from rstar_jax.agent.trajectory import sampled_turn_texts
 from rstar_jax.console import Progress, say
 from rstar_jax.data.difficulty import hard_problem_ids, keep_only, solve_stats
 from rstar_jax.data.pipeline import prompt_batches
 from rstar_jax.data.problem import Problem
 from rstar_jax.model import ModelConfig
 from rstar_jax.model.lm import Params
-from rstar_jax.parallel import make_mesh
-from rstar_jax.reward import verify_batch
-from rstar_jax.rl import PolicyLossOptions, Selector, make_selector
+from rstar_jax.reward.verifier import Verifier
 from rstar_jax.rl.metrics import trajectory_metrics
-from rstar_jax.rollout.agent_loop import AgentLoop, RolloutSample
-from rstar_jax.rollout.backends import RolloutBackend, RolloutEngines, check_prompts_fit
+from rstar_jax.rollout.agent_loop import AgentLoop
+from rstar_jax.rollout.backends import RolloutEngines, check_prompts_fit
 from rstar_jax.rollout.engine import GenerationEngine
+from rstar_jax.rollout.verified import VerifiedRollouts, verified_rollouts
 from rstar_jax.seeds import derived_seed, step_seed
 from rstar_jax.tokenizers import load_tokenizer
 from rstar_jax.train.metrics import MetricsWriter
-from rstar_jax.train.optim import rl_optimizer
 from rstar_jax.train.rl_batch import RLBatch, logprob_gap, rl_micro_batches
-from rstar_jax.train.rl_checkpoint import (TrainerRecord, latest_record, restore_rl_checkpoint, rl_checkpoint_manager,
-                                           save_rl_checkpoint)
+from rstar_jax.train.rl_checkpoint import TrainerRecord, latest_record, restore_rl_checkpoint, rl_checkpoint_manager
 from rstar_jax.train.rl_groups import TrainingGroups, training_groups
+from rstar_jax.train.rl_hooks import (RunPosition, StepEvent, StepHook, checkpoint_hook, every, metrics_hook,
+                                      progress_hook)
+from rstar_jax.train.rl_setup import RLSetup
 from rstar_jax.train.rl_step import RLLearner
-from rstar_jax.train.stages import Stage, check_stages, stage_at
+from rstar_jax.train.stages import stage_at
 from rstar_jax.train.state import (TrainState, abstract_train_state, init_optimizer_state, new_train_state,
                                    train_state_shardings)
 from sandbox_server.client import SandboxClient
-
-ZERO_VARIANCE_MODES = ("drop", "refill")
-
-
-@gin.configurable
-@dataclasses.dataclass(frozen=True)
-class RLSettings:
-    """The run's knobs besides the stages' (SPEC 4-5 numbers in brackets).
-
-    prompts_per_step: prompts a step (512); group_size: G, the rollouts trained on per prompt (16; RoC samples 2G);
-    micro_batch_rows: rows of one learner micro-batch (memory, not maths: accumulation is exact);
-    updates_per_step: optimiser steps a step, on that many mini-batches (1); temperature: sampling (1.0); seed;
-    zero_variance: "drop" groups whose rewards are all equal (the release) or "refill" from the next prompts (DAPO),
-    at most `max_refill_rounds` extra rollout rounds; checkpoint_every: steps between checkpoints (the last step is
-    always saved); max_to_keep: checkpoints kept; verify_timeout_s: per answer.
-    """
-
-    stages: tuple[Stage, ...] = ()
-    prompts_per_step: int = 8
-    group_size: int = 4
-    micro_batch_rows: int = 8
-    updates_per_step: int = 1
-    temperature: float = 1.0
-    seed: int = 0
-    zero_variance: str = "drop"
-    max_refill_rounds: int = 2
-    checkpoint_every: int = 1
-    max_to_keep: int = 2
-    verify_timeout_s: float = 10.0
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "stages", check_stages(self.stages))
-        for name in ("prompts_per_step", "micro_batch_rows", "updates_per_step", "checkpoint_every"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"RLSettings.{name} must be >= 1, got {getattr(self, name)}")
-        if self.group_size < 2:
-            raise ValueError(f"RLSettings.group_size must be >= 2 (an advantage needs a group), got {self.group_size}")
-        if self.zero_variance not in ZERO_VARIANCE_MODES:
-            raise ValueError(f"RLSettings.zero_variance must be one of {ZERO_VARIANCE_MODES}, "
-                             f"got {self.zero_variance!r}")
-        if self.max_refill_rounds < 0:
-            raise ValueError(f"RLSettings.max_refill_rounds must be >= 0, got {self.max_refill_rounds}")
-
-    @property
-    def total_steps(self) -> int:
-        """RL steps over all stages."""
-        return sum(stage.steps for stage in self.stages)
 
 
 class TimedExecutor:
@@ -122,45 +75,42 @@ class TimedExecutor:
                 self.busy_s += time.monotonic() - self._since
 
 
-def _answers(samples: Sequence[RolloutSample], tokenizer: Any) -> list[str]:
-    """What each rollout's answer is read from: the model's own turns (SPEC 3), never tool output."""
-    return ["\n".join(sampled_turn_texts(sample.trajectory, tokenizer)) for sample in samples]
-
-
 class RLTrainer:
-    """A resumable RL run in `run_dir` from a model (`config`, initial `params`) and gin-set `settings`.
+    """A resumable RL run in `run_dir` from a model (`config`, initial `params`) and its `setup` (settings,
+    selector, loss, rollout backend, optimiser; `rl_setup()` builds it from gin), on `mesh` (default: the setup's
+    mesh over every device).
 
     The run's state takes `params` over (no copy when they are already placed on `mesh` by the partition rules, as
     `load_hf(..., mesh=mesh)` places them; its train steps donate them), so callers must not use them after `run`.
 
-    `run(sandbox_urls)` trains every stage (resuming from the latest checkpoint in run_dir), writing
-    run_dir/metrics.jsonl, run_dir/tensorboard/ and run_dir/checkpoints/; it returns the final parameters.
+    `run(sandbox_urls, verifier)` trains every stage (resuming from the latest checkpoint in run_dir), writing
+    run_dir/metrics.jsonl, run_dir/tensorboard/ and run_dir/checkpoints/; it returns the final parameters. After
+    each step the built-in hooks (checkpoint, metrics, progress) and `hooks` run (see `rl_hooks`).
     Misconfiguration (sizes, missing data) raises before any rollout.
     """
 
-    def __init__(self, run_dir: str | Path, config: ModelConfig, params: Params, tokenizer: str = "tiny",
-                 settings: RLSettings | None = None, selector: Selector | None = None,
-                 loss: PolicyLossOptions | None = None, backend: RolloutBackend | None = None,
-                 mesh: Mesh | None = None) -> None:
+    def __init__(self, run_dir: str | Path, config: ModelConfig, params: Params, tokenizer: str, setup: RLSetup,
+                 mesh: Mesh | None = None, hooks: Sequence[StepHook] = ()) -> None:
         self.run_dir = Path(run_dir)
-        self.config, self.tokenizer_name = config, tokenizer
-        self.settings = settings or RLSettings()
-        self.selector = selector or make_selector()
-        self.loss = loss or PolicyLossOptions()
-        self.backend = backend or RolloutBackend()
+        self.config, self.tokenizer_name, self.setup = config, tokenizer, setup
+        self.settings, self.selector, self.loss, self.backend = setup.settings, setup.selector, setup.loss, setup.backend
+        self.optimizer, self.schedule = setup.optimizer, setup.schedule
         self.tokenizer = load_tokenizer(tokenizer)
         self.problems = [stage.data.load() for stage in self.settings.stages]
         self._check_sizes()
-        # The schedule counts optimiser steps: up to updates_per_step of them per RL step.
-        optimizer, self.schedule = rl_optimizer(self.settings.total_steps * self.settings.updates_per_step)
-        self.optimizer = optimizer
-        self.mesh = mesh if mesh is not None else make_mesh()
+        self.mesh = mesh if mesh is not None else setup.mesh()
         self._params: Params | None = params  # handed to the state (or dropped on a resume) by `start_state`
-        self._abstract = abstract_train_state(params, optimizer)
+        self._abstract = abstract_train_state(params, self.optimizer)
         self.shardings = train_state_shardings(self._abstract, self.mesh)
-        self.learner = RLLearner(config, optimizer, self.schedule, self.mesh, self.shardings,
-                                 self.settings.micro_batch_rows, self.loss)
+        self.learner = RLLearner(config, self.optimizer, self.schedule, self.mesh, self.shardings,
+                                 self.settings.micro_batch_rows, self.loss, self.settings.logprob_chunk)
         self.manager = rl_checkpoint_manager(self.run_dir / "checkpoints", self.settings.max_to_keep)
+        self.hooks: list[StepHook] = list(hooks)
+
+    def add_hook(self, hook: StepHook, every_steps: int = 1) -> None:
+        """Call `hook` after every `every_steps`-th step (and the last), after the checkpoint and before the
+        metrics are written (see `rl_hooks`)."""
+        self.hooks.append(every(every_steps, hook) if every_steps > 1 else hook)
 
     def _check_sizes(self) -> None:
         """Refuse, before any work, stages whose prompts leave no room in the engine's slots."""
@@ -172,7 +122,7 @@ class RLTrainer:
 
     # ---- data ---------------------------------------------------------------------------------------------------
 
-    def _iterator(self, stage_index: int, kept: dict[int, list[str]]) -> Any:
+    def _iterator(self, stage_index: int, kept: Mapping[int, Sequence[str]]) -> Any:
         """A fresh prompt iterator of a stage (its difficulty filter applied when it has one)."""
         keep = (keep_only(frozenset(kept[stage_index])),) if stage_index in kept else ()
         dataset = prompt_batches(self.problems[stage_index], batch_size=self.settings.prompts_per_step,
@@ -180,47 +130,50 @@ class RLTrainer:
                                  drop_remainder=True)
         return iter(dataset)
 
-    async def _filter_stage(self, stage_index: int, engine: GenerationEngine, executor: ToolExecutor) -> list[str]:
+    def _agent_loop(self, stage_index: int, engine: GenerationEngine, executor: ToolExecutor) -> AgentLoop:
+        stage = self.settings.stages[stage_index]
+        return AgentLoop(engine, executor, self.tokenizer, max_turns=stage.max_turns,
+                         max_response_tokens=stage.max_response_tokens, temperature=self.settings.temperature)
+
+    async def _filter_stage(self, stage_index: int, loop: AgentLoop, verifier: Verifier) -> tuple[str, ...]:
         """SPEC 5 stage 3: the ids of the stage's problems the current model does not solve in every attempt."""
         stage = self.settings.stages[stage_index]
         problems = self.problems[stage_index][:stage.filter_problems]
         say(f"  {stage.name}: filtering {len(problems)} problems ({stage.filter_samples} attempts each)")
-        loop = AgentLoop(engine, executor, self.tokenizer, max_turns=stage.max_turns,
-                         max_response_tokens=stage.max_response_tokens, temperature=self.settings.temperature)
-        samples = await loop.rollout(problems, stage.filter_samples, seed=derived_seed(self.settings.seed, 1, stage_index))
-        verified = verify_batch(_answers(samples, self.tokenizer), [s.problem.answer for s in samples],
-                                timeout_s=self.settings.verify_timeout_s)
-        kept = hard_problem_ids(solve_stats([s.problem.id for s in samples], [float(v) for v in verified]))
+        solved = await verified_rollouts(loop, problems, stage.filter_samples,
+                                         derived_seed(self.settings.seed, 1, stage_index), verifier,
+                                         self.settings.verify_timeout_s)
+        kept = hard_problem_ids(solve_stats([s.problem.id for s in solved.samples], [float(v) for v in solved.correct]))
         say(f"  {stage.name}: kept {len(kept)} of {len(problems)} problems")
-        return sorted(kept)
+        return tuple(sorted(kept))
 
     # ---- one step -----------------------------------------------------------------------------------------------
 
-    async def _rollout_round(self, loop: AgentLoop, prompts: list[Problem], seed: int,
-                             timings: dict[str, float]) -> tuple[list[RolloutSample], list[bool], TrainingGroups]:
-        started = time.monotonic()
-        samples = await loop.rollout(prompts, self.selector.rollouts_per_prompt(self.settings.group_size), seed=seed)
-        verify_started = time.monotonic()
-        verified = verify_batch(_answers(samples, self.tokenizer), [s.problem.answer for s in samples],
-                                timeout_s=self.settings.verify_timeout_s)
-        timings["rollout"] += verify_started - started
-        timings["rewards"] += time.monotonic() - verify_started
-        return samples, verified, training_groups(samples, verified, self.selector, self.settings.group_size, seed)
+    async def _rollout_round(self, loop: AgentLoop, prompts: list[Problem], seed: int, verifier: Verifier,
+                             timings: dict[str, float]) -> tuple[VerifiedRollouts, TrainingGroups]:
+        rolled = await verified_rollouts(loop, prompts, self.selector.rollouts_per_prompt(self.settings.group_size),
+                                         seed, verifier, self.settings.verify_timeout_s)
+        timings["rollout"] += rolled.rollout_seconds
+        timings["rewards"] += rolled.verify_seconds
+        return rolled, training_groups(rolled.samples, rolled.correct, self.selector, self.settings.group_size, seed)
 
-    async def _collect(self, loop: AgentLoop, iterator: Any, seed: int,
-                       timings: dict[str, float]) -> tuple[list[RolloutSample], list[bool], TrainingGroups]:
-        """Roll out the step's prompts; with zero_variance="refill", more prompts until the batch is full."""
-        samples, verified, groups = await self._rollout_round(loop, next(iterator), seed, timings)
+    async def _collect(self, loop: AgentLoop, iterator: Any, seed: int, verifier: Verifier,
+                       timings: dict[str, float]) -> tuple[VerifiedRollouts, TrainingGroups]:
+        """Roll out the step's prompts; with zero_variance="refill", more prompts until the batch is full. Returns
+        every rollout of the step with its verdict, and the groups trained on."""
+        rolled, groups = await self._rollout_round(loop, next(iterator), seed, verifier, timings)
         settings = self.settings
         rounds = 0
         while (settings.zero_variance == "refill" and groups.groups_kept < settings.prompts_per_step
                and rounds < settings.max_refill_rounds):
             rounds += 1
-            more_samples, more_verified, more = await self._rollout_round(
-                loop, next(iterator), derived_seed(seed, rounds), timings)
-            samples, verified = samples + more_samples, verified + more_verified
+            more_rolled, more = await self._rollout_round(loop, next(iterator), derived_seed(seed, rounds), verifier,
+                                                          timings)
+            rolled = VerifiedRollouts(rolled.samples + more_rolled.samples, rolled.correct + more_rolled.correct,
+                                      rolled.rollout_seconds + more_rolled.rollout_seconds,
+                                      rolled.verify_seconds + more_rolled.verify_seconds)
             groups = groups.merged(more, settings.prompts_per_step)
-        return samples, verified, groups
+        return rolled, groups
 
     def _update(self, state: TrainState, groups: TrainingGroups, seed: int,
                 reference: Params | None) -> tuple[TrainState, dict[str, float]]:
@@ -229,12 +182,12 @@ class RLTrainer:
         row in exactly one. With one mini-batch and no KL term the old log-probs come from the update's own forward
         pass (`RLLearner.update(on_policy=True)`), not from a pass of their own. Metrics: the updates' mean, except
         `trained_tokens` and `sequences` (the step's sums) and `updates` (optimiser steps taken)."""
+        settings = self.settings
         order = np.random.default_rng(seed).permutation(len(groups.samples))
-        chunks = [chunk for chunk in np.array_split(order, self.settings.updates_per_step) if len(chunk)]
+        chunks = [chunk for chunk in np.array_split(order, settings.updates_per_step) if len(chunk)]
         pad_id = self.config.pad_token_id or 0
-        with gin.config_scope("rl"):  # `rl/bucket_length.multiple` pads RL rows apart from the SFT's
-            unscored = [rl_micro_batches([groups.samples[i].trajectory for i in chunk], groups.advantages[chunk],
-                                         self.settings.micro_batch_rows, pad_id) for chunk in chunks]
+        unscored = [rl_micro_batches([groups.samples[i].trajectory for i in chunk], groups.advantages[chunk],
+                                     settings.micro_batch_rows, pad_id, settings.pad_multiple) for chunk in chunks]
         if len(unscored) == 1 and reference is None:
             state, metrics = self.learner.update(state, unscored[0], on_policy=True)
             return state, {**metrics, "updates": 1}
@@ -269,119 +222,115 @@ class RLTrainer:
         return restore_rl_checkpoint(self.manager, record.step, self._abstract, self.shardings, iterator,
                                      reference_like)
 
-    def run(self, sandbox_urls: Sequence[str], engines: RolloutEngines | None = None) -> Params:
-        """Train (or resume) every stage; returns the final parameters (host arrays).
+    def start_position(self) -> RunPosition:
+        """Where the run starts: a fresh run before its first stage (which `_enter_stage` enters like any later
+        one: header, data filter, optimiser and reference rules), or the latest checkpoint's position."""
+        record = latest_record(self.manager)
+        if record is not None and record.seed != self.settings.seed:
+            raise ValueError(f"{self.run_dir} holds a run with seed {record.seed}, not {self.settings.seed}; use "
+                             f"another run folder")
+        if record is None:
+            state, reference = self.start_state()
+            return RunPosition(0, None, {}, state, reference, None)
+        kept = {index: tuple(ids) for index, ids in record.kept_problems.items()}
+        iterator = self._iterator(record.stage, kept)
+        state, reference = self.start_state(record, iterator)
+        return RunPosition(record.step, record.stage, kept, state, reference, iterator)
+
+    def run(self, sandbox_urls: Sequence[str], verifier: Verifier, engines: RolloutEngines | None = None) -> Params:
+        """Train (or resume) every stage, answers checked by `verifier` (SPEC 3); returns the final parameters
+        (host arrays).
 
         Rollouts run on `engines` when given (they are sent the run's current weights first and left running),
-        else on engines the configured `RolloutBackend` starts for the run and stops after it.
+        else on engines the setup's `RolloutBackend` starts for the run and stops after it.
         """
         settings = self.settings
-        record = latest_record(self.manager)
-        if record is not None and record.seed != settings.seed:
-            raise ValueError(f"{self.run_dir} holds a run with seed {record.seed}, not {settings.seed}; use another "
-                             f"run folder")
-        start = 0 if record is None else record.step
-        # A fresh run has entered no stage yet: `_steps` enters stage 0 like any later one (its header, its data
-        # filter, its optimiser and reference rules); a resumed one is inside the stage its checkpoint saved.
-        stage_index = None if record is None else record.stage
-        kept = {} if record is None else dict(record.kept_problems)
-        iterator = None if record is None else self._iterator(record.stage, kept)
-        state, reference = self.start_state(record, iterator)
-        if start >= settings.total_steps:
+        position = self.start_position()
+        if position.step >= settings.total_steps:
             say(f"RL: all {settings.total_steps} steps already done in {self.run_dir}")
-            return jax.device_get(state.params)
-        if start:
-            say(f"RL: resuming {self.run_dir} after step {start} of {settings.total_steps}")
+            return jax.device_get(position.state.params)
+        if position.step:
+            say(f"RL: resuming {self.run_dir} after step {position.step} of {settings.total_steps}")
         with contextlib.ExitStack() as stack:
-            writer = stack.enter_context(MetricsWriter(self.run_dir, resume_step=start))
+            writer = stack.enter_context(MetricsWriter(self.run_dir, resume_step=position.step))
+            push_first = engines is not None
             if engines is None:
-                engines = stack.enter_context(self.backend.start(self.config, jax.device_get(state.params),
+                engines = stack.enter_context(self.backend.start(self.config, jax.device_get(position.state.params),
                                                                  self.run_dir, self.tokenizer_name))
-                push_first = False
-            else:
-                push_first = True
-            state = asyncio.run(self._loop(engines, sandbox_urls, writer, state, reference, iterator, start,
-                                           stage_index, kept, push_first))
-        return jax.device_get(state.params)
+            progress = stack.enter_context(Progress(settings.total_steps, "RL", initial=position.step, every=1))
+            hooks = [every(settings.checkpoint_every, checkpoint_hook(self.manager, settings.seed)), *self.hooks,
+                     metrics_hook(writer), progress_hook(progress)]
+            position = asyncio.run(self._train(position, engines, sandbox_urls, verifier, hooks, push_first))
+        return jax.device_get(position.state.params)
 
-    async def _loop(self, engines: RolloutEngines, sandbox_urls: Sequence[str], writer: MetricsWriter,
-                    state: TrainState, reference: Params | None, iterator: Any, start: int, stage_index: int | None,
-                    kept: dict[int, list[str]], push_first: bool) -> TrainState:
+    async def _train(self, position: RunPosition, engines: RolloutEngines, sandbox_urls: Sequence[str],
+                     verifier: Verifier, hooks: Sequence[StepHook], push_first: bool) -> RunPosition:
+        """Every remaining step, each followed by `hooks`; the engines' HTTP sessions closed at the end."""
+        settings = self.settings
         try:
-            return await self._steps(engines.engine, sandbox_urls, writer, state, reference, iterator, start,
-                                     stage_index, kept, push_first)
+            if push_first:
+                await engines.engine.update_weights(position.state.params, position.step)
+            async with SandboxClient(list(sandbox_urls)) as sandbox:
+                executor = TimedExecutor(sandbox)
+                while position.step < settings.total_steps:
+                    index, _ = stage_at(settings.stages, position.step)
+                    if index != position.stage:
+                        position = await self._enter_stage(position, index, engines.engine, executor, verifier)
+                    position, metrics = await self._step(position, engines.engine, executor, verifier)
+                    event = StepEvent(position, settings.total_steps, settings.stages[index].name, metrics)
+                    for hook in hooks:
+                        hook(event)
         finally:
             await engines.aclose()
+        return position
 
-    async def _steps(self, engine: GenerationEngine, sandbox_urls: Sequence[str], writer: MetricsWriter,
-                     state: TrainState, reference: Params | None, iterator: Any, start: int, stage_index: int | None,
-                     kept: dict[int, list[str]], push_first: bool) -> TrainState:
-        settings = self.settings
-        if push_first:
-            await engine.update_weights(state.params, start)
-        async with SandboxClient(list(sandbox_urls)) as sandbox:
-            executor = TimedExecutor(sandbox)
-            with Progress(settings.total_steps, "RL", initial=start, every=1) as progress:
-                for step in range(start, settings.total_steps):
-                    index, _ = stage_at(settings.stages, step)
-                    if index != stage_index:  # entering a new stage
-                        stage_index = index
-                        state, reference, iterator = await self._enter_stage(index, state, reference, kept, engine,
-                                                                             executor)
-                    state, metrics = await self._step(step, index, state, reference, iterator, engine, executor)
-                    started = time.monotonic()
-                    record = TrainerRecord(step + 1, stage_index, settings.seed, kept)
-                    if (step + 1) % settings.checkpoint_every == 0 or step + 1 == settings.total_steps:
-                        save_rl_checkpoint(self.manager, state, iterator, record, reference)
-                    metrics["seconds"]["checkpoint"] = time.monotonic() - started
-                    writer.write(step + 1, metrics)
-                    progress.advance(stage=settings.stages[index].name, accuracy=metrics["accuracy"],
-                                     kept=metrics["groups_kept"], gap=metrics.get("logprob_gap", 0.0))
-        return state
-
-    async def _enter_stage(self, index: int, state: TrainState, reference: Params | None,
-                           kept: dict[int, list[str]], engine: GenerationEngine,
-                           executor: ToolExecutor) -> tuple[TrainState, Params | None, Any]:
+    async def _enter_stage(self, position: RunPosition, index: int, engine: GenerationEngine,
+                           executor: ToolExecutor, verifier: Verifier) -> RunPosition:
         """A stage's start: its difficulty filter, optimiser reset and reference refresh (SPEC 5, stage 3)."""
         stage = self.settings.stages[index]
         say(f"RL stage {stage.name}: {stage.steps} steps, max {stage.max_response_tokens} response tokens, "
             f"T={stage.max_turns}, data: {stage.data.describe()}")
+        kept, state, reference = position.kept, position.state, position.reference
         if stage.data_filter == "drop_solved":
-            kept[index] = await self._filter_stage(index, engine, executor)
-            if not kept[index]:  # a prompt stream filtered down to nothing would wait forever for its first batch
+            ids = await self._filter_stage(index, self._agent_loop(index, engine, executor), verifier)
+            if not ids:  # a prompt stream filtered down to nothing would wait forever for its first batch
                 raise ValueError(f"stage {stage.name!r}: its difficulty filter ('drop_solved', {stage.filter_samples}"
                                  f" attempts each) kept none of the {len(self.problems[index][:stage.filter_problems])}"
                                  f" problems it tried (the model solved every one each time): give the stage "
                                  f"harder data, more Stage.filter_problems, or no data_filter")
+            kept = {**kept, index: ids}
         if stage.reset_optimizer:
             state = state.replace(opt_state=init_optimizer_state(state.params, self.optimizer,
                                                                   self.shardings.opt_state))
         if stage.refresh_reference and reference is not None:
             reference = jax.tree.map(jnp.copy, state.params)  # sharded like the parameters
-        return state, reference, self._iterator(index, kept)
+        return dataclasses.replace(position, stage=index, kept=kept, state=state, reference=reference,
+                                   iterator=self._iterator(index, kept))
 
-    async def _step(self, step: int, stage_index: int, state: TrainState, reference: Params | None, iterator: Any,
-                    engine: GenerationEngine, executor: TimedExecutor) -> tuple[TrainState, dict[str, Any]]:
-        stage, settings = self.settings.stages[stage_index], self.settings
+    async def _step(self, position: RunPosition, engine: GenerationEngine, executor: TimedExecutor,
+                    verifier: Verifier) -> tuple[RunPosition, dict[str, Any]]:
+        """One RL step from `position` (inside its stage): rollouts, verdicts, groups, update(s), weight push."""
+        assert position.stage is not None
+        stage, settings, step = self.settings.stages[position.stage], self.settings, position.step
         seed = step_seed(settings.seed, step)
-        timings = {"rollout": 0.0, "rewards": 0.0, "update": 0.0, "weight_sync": 0.0}
+        timings = {"rollout": 0.0, "rewards": 0.0, "update": 0.0, "weight_sync": 0.0, "checkpoint": 0.0}
         tools_before = executor.busy_s
-        loop = AgentLoop(engine, executor, self.tokenizer, max_turns=stage.max_turns,
-                         max_response_tokens=stage.max_response_tokens, temperature=settings.temperature)
-        samples, verified, groups = await self._collect(loop, iterator, seed, timings)
+        loop = self._agent_loop(position.stage, engine, executor)
+        rolled, groups = await self._collect(loop, position.iterator, seed, verifier, timings)
         timings["tools"] = executor.busy_s - tools_before
-        metrics: dict[str, Any] = {"stage": stage.name, **trajectory_metrics([s.trajectory for s in samples],
-                                                                           verified)}
+        metrics: dict[str, Any] = {"stage": stage.name,
+                                   **trajectory_metrics([s.trajectory for s in rolled.samples], rolled.correct)}
         metrics.update(groups_seen=groups.groups_seen, groups_kept=groups.groups_kept,
                        groups_surplus=groups.groups_surplus, kept_trajectories=len(groups.samples),
                        mean_reward=float(np.mean(groups.rewards)) if groups.groups_kept else 0.0)
+        state = position.state
         if groups.groups_kept:
             started = time.monotonic()
-            state, update_metrics = self._update(state, groups, seed, reference)
+            state, update_metrics = self._update(state, groups, seed, position.reference)
             timings["update"] = time.monotonic() - started
             started = time.monotonic()
             await engine.update_weights(state.params, step + 1)
             timings["weight_sync"] = time.monotonic() - started
             metrics.update(update_metrics)
         metrics["seconds"] = timings
-        return state, metrics
+        return dataclasses.replace(position, step=step + 1, state=state), metrics

@@ -85,7 +85,7 @@ def train_sft(out: str | Path, steps: int = 100, batch_size: int = 16, num_trans
               drill_steps: int = 0, drill_batch_size: int = 16, short_steps: int = 0, short_batch_size: int = 8,
               drill_snippets: int = 3, drill_length: int | None = None,
               data_seed: int = 0, model_seed: int = 0, tokenizer: str = "tiny", save_every: int = 25,
-              stop_at_step: int | None = None) -> Path | None:
+              stop_at_step: int | None = None, pad_multiple: int | None = None) -> Path | None:
     """Run (or resume) the format SFT into `out`; returns the trained HF folder, or None when stopped early.
 
     `drill_steps` steps of `drill_batch_size` copy drills come first, then `short_steps` steps of
@@ -93,6 +93,7 @@ def train_sft(out: str | Path, steps: int = 100, batch_size: int = 16, num_trans
     against a sandbox server and cached in OUT/transcripts.jsonl).
     A drill row holds `drill_snippets` whole pieces, or with `drill_length` as many pieces as fill exactly that many
     tokens (no padding).
+    Rows are padded to a multiple of `pad_multiple` tokens (None: the next power of two; `bucket_length`).
     `stop_at_step` ends the run after that step without saving anything more, exactly as if it were killed there.
     Writes OUT/model/, OUT/metrics.jsonl, OUT/tensorboard/, OUT/summary.json and OUT/checkpoints/.
     """
@@ -131,7 +132,7 @@ def train_sft(out: str | Path, steps: int = 100, batch_size: int = 16, num_trans
                 rows = drill_batch(step, drill_batch_size, token_source, data_seed, drill_snippets, drill_length)
             else:
                 rows = next(iterators["short_transcripts" if phase == "short" else "transcripts"])
-            batch = make_batch(rows, pad_id)
+            batch = make_batch(rows, pad_id, pad_multiple)
             state, metrics = steps_for[len(rows)](state, batch)
             values = {name: float(value) for name, value in jax.device_get(metrics).items()}
             writer.write(step + 1, {"phase": phase, "seq_len": batch.shape[1], **values})

@@ -10,13 +10,14 @@ import gin
 import jax
 import pytest
 
-from experiments.train import main as train_main
+from experiments.train import dry_run_plan, main as train_main
 from rstar_jax.gin_setup import parse_gin
 from rstar_jax.model.config import ModelConfig
 from rstar_jax.paths import REPO_ROOT
 from rstar_jax.rollout.kv_budget import (ServerShape, concurrent_sequences, flag_value, kv_budget_bytes,
                                          kv_bytes_per_token, server_shape)
-from rstar_jax.train.dry_run import GIB, DryRunError, plan_dry_run
+from rstar_jax.train.dry_run import GIB, DryRun, DryRunError
+from rstar_jax.train.rl_setup import rl_setup
 from rstar_jax.parallel.plan import abstract_mesh
 from rstar_jax.train.memory_plan import abstract_params, activation_parts, local_dims
 
@@ -27,6 +28,11 @@ PAPER = {  # gin file: (hidden, intermediate, layers, heads, tied); all: vocab 1
     "paper/qwen3_14b.gin": (5120, 17408, 40, 40, False),
 }
 VOCAB, KV_HEADS, HEAD_DIM = 151936, 8, 128
+
+
+def _plan(devices: int) -> DryRun:
+    """The plan `experiments.train --dry_run --devices N` prints, from the parsed gin config."""
+    return dry_run_plan(rl_setup(), devices)
 
 
 def hand_count(hidden: int, intermediate: int, layers: int, heads: int, tied: bool) -> tuple[int, int]:
@@ -66,7 +72,7 @@ def test_each_paper_config_has_its_models_parameter_count(paper_gin, name: str) 
 
 def test_14b_per_device_state_on_64_devices_matches_the_hand_computation(paper_gin) -> None:
     paper_gin("paper/qwen3_14b.gin")
-    plan = plan_dry_run(64)
+    plan = _plan(64)
     assert plan.mesh_shape == {"data": 1, "fsdp": 8, "tensor": 8}
     total, norms = hand_count(*PAPER["paper/qwen3_14b.gin"])
     # every matrix splits 64 ways (fsdp x tensor), the norm scales stay whole on every device; float32
@@ -85,7 +91,7 @@ def test_14b_per_device_state_on_64_devices_matches_the_hand_computation(paper_g
 
 def test_14b_activation_terms_follow_the_formula(paper_gin) -> None:
     paper_gin("paper/qwen3_14b.gin")
-    plan = plan_dry_run(64)
+    plan = _plan(64)
     stage2 = plan.stages[1]
     b, t = 32 // 8, 13_312  # 32-row micro-batch over fsdp 8; 1,024 + 12,288 tokens in 1,024-token buckets
     assert (stage2.dims.rows, stage2.padded) == (b, t)
@@ -101,7 +107,7 @@ def test_14b_activation_terms_follow_the_formula(paper_gin) -> None:
 
 def test_kv_bytes_per_token_and_the_fleets_concurrent_sequences(paper_gin) -> None:
     paper_gin("paper/qwen3_14b.gin")
-    plan = plan_dry_run(64)
+    plan = _plan(64)
     assert plan.fleet.bytes_per_token == 2 * 40 * 8 * 128 * 2 == 163_840
     budget = int(192 * GIB * 0.85 - 14_768_307_200 * 2)
     assert plan.fleet.budget_bytes == budget
@@ -130,13 +136,13 @@ def test_server_flags_and_block_rounding() -> None:
 def test_a_mesh_that_does_not_divide_the_devices_is_refused(paper_gin) -> None:
     paper_gin("paper/qwen3_14b.gin")
     with pytest.raises(DryRunError, match="60 devices are not divisible by 8"):
-        plan_dry_run(60)
+        _plan(60)
 
 
 def test_a_model_that_does_not_fit_is_named(paper_gin) -> None:
     paper_gin("paper/qwen3_14b.gin", "ClusterSpec.device_memory_gib = 16.0",
               "ClusterSpec.fleet_gpu_memory_gib = 24.0")
-    plan = plan_dry_run(64)
+    plan = _plan(64)
     assert any("stage 'stage2': the learner needs" in p for p in plan.problems)
     assert any("leave no KV cache" in p for p in plan.problems)
 
@@ -166,7 +172,7 @@ ONE_NODE = {"1.7B": "paper/one_node_qwen3_1_7b.gin", "14B": "paper/one_node_qwen
 
 def test_one_node_launches_four_servers_beside_a_four_gpu_learner(paper_gin) -> None:
     paper_gin(ONE_NODE["1.7B"])
-    plan = plan_dry_run(4)
+    plan = _plan(4)
     assert plan.mesh_shape == {"data": 1, "fsdp": 4, "tensor": 1}
     assert (plan.fleet.servers, plan.fleet.attached, plan.fleet.gpus) == (4, False, ((4,), (5,), (6,), (7,)))
     assert plan.fleet.shape.tensor_parallel == 1 and plan.fleet.shape.gpu_memory_utilization == 0.85
@@ -179,31 +185,31 @@ def test_one_node_launches_four_servers_beside_a_four_gpu_learner(paper_gin) -> 
 
 def test_one_node_fits_qwen3_1_7b(paper_gin) -> None:
     paper_gin(ONE_NODE["1.7B"])
-    plan = plan_dry_run(4)
+    plan = _plan(4)
     assert not plan.problems and not plan.notes
     assert plan.state.total < 9 * GIB
 
 
 def test_one_node_fits_qwen3_14b_on_h200s_but_not_on_h100s(paper_gin) -> None:
     paper_gin(ONE_NODE["14B"])
-    plan = plan_dry_run(4)
+    plan = _plan(4)
     # float32 weights 4 B, AdamW moments 8 B, gradients (running sum + micro-batch) 8 B per parameter, over fsdp 4
     total, norms = hand_count(*PAPER["paper/qwen3_14b.gin"])
     assert plan.state.total == pytest.approx(20 * total / 4, rel=1e-3)     # 68.8 GiB a device
     assert not plan.problems                                                # 112.3 GiB of 126 GiB at 13K tokens
     gin.clear_config()
     paper_gin(ONE_NODE["14B"], "ClusterSpec.device_memory_gib = 80.0", "ClusterSpec.fleet_gpu_memory_gib = 80.0")
-    problems = plan_dry_run(4).problems
+    problems = _plan(4).problems
     assert problems and all("the learner needs" in p for p in problems)
 
 
 def test_one_node_placement_errors_are_problems(paper_gin) -> None:
     paper_gin(ONE_NODE["1.7B"], "learner_devices.gpus = (0, 1, 2, 4)")
-    assert any(p.startswith("GPU placement: GPU 4 is given to both the learner") for p in plan_dry_run(4).problems)
+    assert any(p.startswith("GPU placement: GPU 4 is given to both the learner") for p in _plan(4).problems)
     gin.clear_config()
     paper_gin(ONE_NODE["1.7B"], "make_mesh.fsdp = 8")
     assert any("learner_devices.gpus names 4 GPUs (0, 1, 2, 3) but the plan is for 8" in p
-               for p in plan_dry_run(8).problems)
+               for p in _plan(8).problems)
     gin.clear_config()
     paper_gin(ONE_NODE["1.7B"], "learner_devices.node_gpus = 6")
-    assert any("placed on GPU 6, but the node has 6 GPUs" in p for p in plan_dry_run(4).problems)
+    assert any("placed on GPU 6, but the node has 6 GPUs" in p for p in _plan(4).problems)

@@ -16,7 +16,8 @@ from rstar_jax.model import ModelConfig, init_params
 from rstar_jax.rollout.backends import RolloutBackend
 from rstar_jax.rollout.balancer import Balancer
 from rstar_jax.rollout.router import FailoverEngine
-from rstar_jax.train.rl_trainer import RLSettings, RLTrainer
+from rstar_jax.train.rl_setup import RLSettings, rl_setup
+from rstar_jax.train.rl_trainer import RLTrainer
 from rstar_jax.train.stages import Stage, stage_at
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -27,8 +28,12 @@ SYNTHETIC = ProblemSource(source="synthetic", count=8, seed=3, split="train")
 
 def _trainer(tmp_path: Path, stage: Stage, **settings: object) -> RLTrainer:
     params = init_params(CONFIG, jax.random.key(0))
-    return RLTrainer(tmp_path, CONFIG, params, "tiny", RLSettings(stages=(stage,), **settings),
-                     backend=RolloutBackend(max_len=1024))
+    parse_gin([], ["rl_optimizer.warmup_steps = 0"])  # the recipe's 20 warm-up steps do not fit a 1-step run
+    try:
+        setup = rl_setup(RLSettings(stages=(stage,), **settings), backend=RolloutBackend(max_len=1024))
+    finally:
+        gin.clear_config()
+    return RLTrainer(tmp_path, CONFIG, params, "tiny", setup)
 
 
 def test_a_prompt_and_budget_larger_than_the_engine_slot_is_refused(tmp_path: Path) -> None:

@@ -50,7 +50,8 @@ def _learner(mesh, rows: int, options: PolicyLossOptions | None = None):
     params = jax.tree.map(np.asarray, init_params(CONFIG, jax.random.key(0)))
     state = init_train_state(params, optimizer)
     shardings = train_state_shardings(state, mesh)
-    return jax.device_put(state, shardings), RLLearner(CONFIG, optimizer, schedule, mesh, shardings, rows, options)
+    return jax.device_put(state, shardings), RLLearner(CONFIG, optimizer, schedule, mesh, shardings, rows,
+                                                       options or PolicyLossOptions())
 
 
 def _perturbed(batches, scale: float = 0.3):

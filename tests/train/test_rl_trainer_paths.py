@@ -19,7 +19,6 @@ import numpy as np
 import orbax.checkpoint as ocp
 import pytest
 
-import rstar_jax.train.rl_trainer as rl_trainer_module
 from experiments.sft import DEFAULT_GIN as SFT_GIN
 from rstar_jax.data.problem import Problem
 from rstar_jax.data.problem_source import ProblemSource
@@ -33,7 +32,9 @@ from rstar_jax.rollout.backends import RolloutBackend
 from rstar_jax.train.metrics import read_metrics
 from rstar_jax.train.rl_checkpoint import TrainerRecord, latest_record
 from rstar_jax.train.rl_groups import TrainingGroups, training_groups
-from rstar_jax.train.rl_trainer import RLSettings, RLTrainer
+from rstar_jax.train.rl_hooks import StepEvent
+from rstar_jax.train.rl_setup import RLSettings, rl_setup
+from rstar_jax.train.rl_trainer import RLTrainer
 from rstar_jax.train.stages import Stage
 
 RANDOM_CONFIG = ModelConfig(family="qwen3", vocab_size=2048, hidden_size=32, intermediate_size=40, num_layers=1,
@@ -77,14 +78,14 @@ class Observed(RLTrainer):
         self.updates: list[dict[str, Any]] = []
         self.now = (-1, -1)
 
-    async def _step(self, step, stage_index, *args, **kwargs):
-        self.now = (step, stage_index)
-        return await super()._step(step, stage_index, *args, **kwargs)
+    async def _step(self, position, *args, **kwargs):
+        self.now = (position.step, position.stage)
+        return await super()._step(position, *args, **kwargs)
 
-    async def _rollout_round(self, loop, prompts, seed, timings):
-        samples, verified, groups = await super()._rollout_round(loop, prompts, seed, timings)
+    async def _rollout_round(self, loop, prompts, seed, verifier, timings):
+        rolled, groups = await super()._rollout_round(loop, prompts, seed, verifier, timings)
         self.rounds.append((*self.now, [problem.id for problem in prompts], groups))
-        return samples, verified, groups
+        return rolled, groups
 
     def _update(self, state, groups, seed, reference):
         before = int(jax.device_get(state.step))
@@ -116,14 +117,14 @@ def _record_at(trainer: RLTrainer, step: int) -> TrainerRecord:
 
 
 def _random_trainer(run_dir: Path, settings: RLSettings, cls: type[RLTrainer] = Observed) -> RLTrainer:
-    return cls(run_dir, RANDOM_CONFIG, init_params(RANDOM_CONFIG, jax.random.key(0)), "tiny", settings,
-               backend=RANDOM_BACKEND)
+    return cls(run_dir, RANDOM_CONFIG, init_params(RANDOM_CONFIG, jax.random.key(0)), "tiny",
+               rl_setup(settings, backend=RANDOM_BACKEND))
 
 
 # ---- the difficulty filter, with a model that solves nothing -----------------------------------------------------
 
 @pytest.mark.slow
-def test_the_filter_runs_on_the_first_and_on_a_later_stage(tmp_path: Path, sandbox_url: str,
+def test_the_filter_runs_on_the_first_and_on_a_later_stage(tmp_path: Path, sandbox_url: str, verifier,
                                                            capsys: pytest.CaptureFixture) -> None:
     """A fresh run filters its first stage too (issue 25's bug: stage 0's filter was skipped with its header), then
     the later stage's at its start; each stage keeps the problems it tried and the model did not always solve (a
@@ -134,7 +135,15 @@ def test_the_filter_runs_on_the_first_and_on_a_later_stage(tmp_path: Path, sandb
                                                 filter_problems=5)),
                           prompts_per_step=2, group_size=2, micro_batch_rows=4, max_to_keep=3)
     trainer = _random_trainer(tmp_path, settings)
-    trainer.run([sandbox_url])
+    positions, every_second = [], []
+
+    def note(event: StepEvent) -> None:  # a user's hook every 2 steps: what it adds to the metrics is logged
+        every_second.append((event.position.step, event.stage_name, event.is_last))
+        event.metrics["noted_at"] = event.position.step
+
+    trainer.add_hook(lambda event: positions.append(event.position))
+    trainer.add_hook(note, every_steps=2)
+    trainer.run([sandbox_url], verifier)
     out = capsys.readouterr().out
     tried = [[problem.id for problem in problems[:count]] for problems, count in zip(trainer.problems, (3, 5))]
     assert all(len(set(ids)) == len(ids) for ids in tried) and not set(tried[0]) & set(tried[1])
@@ -155,6 +164,13 @@ def test_the_filter_runs_on_the_first_and_on_a_later_stage(tmp_path: Path, sandb
     assert len(by_stage[0]) == 4 and set(by_stage[0]) <= set(tried[0])  # 2 steps x 2 prompts, 3 problems kept
     assert len(by_stage[1]) == 2 and set(by_stage[1]) <= set(tried[1])
     assert not trainer.updates  # no reward spread: no update
+    # Hooks (issue 25 item 6): every step's position, nothing changed in place by a later stage's filter; the hook
+    # every 2 steps ran after step 2 and the last, and its figure was logged with those steps only.
+    assert [(p.step, p.stage, dict(p.kept)) for p in positions] == [
+        (1, 0, {0: tuple(sorted(tried[0]))}), (2, 0, {0: tuple(sorted(tried[0]))}),
+        (3, 1, {0: tuple(sorted(tried[0])), 1: tuple(sorted(tried[1]))})]
+    assert every_second == [(2, "a", False), (3, "b", True)]
+    assert [entry.get("noted_at") for entry in metrics] == [None, 2, 3]
 
 
 class KeepsNothing(Observed):
@@ -163,14 +179,14 @@ class KeepsNothing(Observed):
 
     empty_stage = 0
 
-    async def _filter_stage(self, stage_index, engine, executor):
-        kept = await super()._filter_stage(stage_index, engine, executor)
-        return [] if stage_index == self.empty_stage else kept
+    async def _filter_stage(self, stage_index, loop, verifier):
+        kept = await super()._filter_stage(stage_index, loop, verifier)
+        return () if stage_index == self.empty_stage else kept
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("empty_stage", [0, 1], ids=["first-stage", "later-stage"])
-def test_a_filter_that_keeps_nothing_stops_with_an_error_naming_the_stage(tmp_path: Path, sandbox_url: str,
+def test_a_filter_that_keeps_nothing_stops_with_an_error_naming_the_stage(tmp_path: Path, sandbox_url: str, verifier,
                                                                           empty_stage: int) -> None:
     """An empty kept set is a clear error naming the stage and its filter, not a prompt stream that never yields;
     as the first stage or after a stage that trained."""
@@ -182,7 +198,7 @@ def test_a_filter_that_keeps_nothing_stops_with_an_error_naming_the_stage(tmp_pa
                                                        {"empty_stage": empty_stage}))
     with pytest.raises(ValueError, match=r"stage 'hard': its difficulty filter \('drop_solved', 3 attempts each\) "
                                          r"kept none of the 4 problems it tried"):
-        trainer.run([sandbox_url])
+        trainer.run([sandbox_url], verifier)
     steps_done = read_metrics(tmp_path / "metrics.jsonl") if (tmp_path / "metrics.jsonl").exists() else []
     assert len(steps_done) == empty_stage  # the stage before it trained; nothing of the empty stage ran
 
@@ -276,31 +292,30 @@ def _whole_groups(rounds: list[TrainingGroups], max_groups: int) -> list[Rollout
 
 @pytest.mark.slow
 def test_refill_and_two_updates_a_step_with_the_sft_model(sft_model_dir: Path, tmp_path: Path, sandbox_url: str,
-                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+                                                          verifier) -> None:
     """With the format-SFT'd model on digit counts (solved sometimes): the first stage's filter drops the problems
     solved in every attempt (one each here) and keeps the rest (exactly those, recorded); zero-variance groups are refilled from the
     next prompts, whole groups of G rows, up to the batch's prompts; and each step with signal makes two optimiser
     steps, on two mini-batches holding every kept row once, the state's step counter advanced by two."""
     # The SFT's system prompt; RL rows padded to one length (one compiled shape for every update of the run).
-    parse_gin([SFT_GIN], RL_OPTIMIZER + ["rl/bucket_length.multiple = 1024"])
+    parse_gin([SFT_GIN], RL_OPTIMIZER)
     verdicts: list[tuple[list[str], list[bool]]] = []
-    verify = rl_trainer_module.verify_batch
 
-    def recorded(responses, references, timeout_s=None):
-        result = verify(responses, references, timeout_s=timeout_s)
-        verdicts.append((list(references), list(result)))
-        return result
+    class Recorded:  # the session's verifier pool, its verdicts recorded
+        def verify_batch(self, responses, references, timeout_s=None):
+            result = verifier.verify_batch(responses, references, timeout_s=timeout_s)
+            verdicts.append((list(references), list(result)))
+            return result
 
-    monkeypatch.setattr(rl_trainer_module, "verify_batch", recorded)
     model = load_hf(sft_model_dir)
     stage = Stage(name="digits", steps=2, max_response_tokens=384, max_turns=3,
                   data=_synthetic(SFT_SEED, count=32, kinds=("digit_count",)), data_filter="drop_solved",
                   filter_samples=1, filter_problems=12)
     settings = RLSettings(stages=(stage,), prompts_per_step=4, group_size=2, micro_batch_rows=4, updates_per_step=2,
-                          zero_variance="refill", max_refill_rounds=2, seed=SFT_RL_SEED)
-    trainer = Observed(tmp_path, model.config, model.params, str(sft_model_dir), settings,
-                       backend=RolloutBackend(slots=16), mesh=make_mesh(devices=jax.devices()[:1]))
-    trainer.run([sandbox_url])
+                          zero_variance="refill", max_refill_rounds=2, seed=SFT_RL_SEED, pad_multiple=1024)
+    trainer = Observed(tmp_path, model.config, model.params, str(sft_model_dir),
+                       rl_setup(settings, backend=RolloutBackend(slots=16)), make_mesh(devices=jax.devices()[:1]))
+    trainer.run([sandbox_url], Recorded())
 
     # The filter: its own rollouts' verdicts decide, problem by problem.
     tried = trainer.problems[0][:12]

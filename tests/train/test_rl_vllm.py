@@ -22,6 +22,7 @@ from rstar_jax.rollout.backends import RolloutBackend
 from rstar_jax.rollout.balancer import Balancer
 from rstar_jax.tokenizers import load_tokenizer
 from rstar_jax.train.metrics import read_metrics
+from rstar_jax.train.rl_setup import rl_setup
 from rstar_jax.train.rl_trainer import RLTrainer
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(2400)]
@@ -39,15 +40,16 @@ RL = [
 
 
 def test_two_rl_steps_on_two_vllm_servers_keep_the_servers_in_step_with_the_learner(
-        sft_model_dir: Path, tmp_path: Path) -> None:
+        sft_model_dir: Path, tmp_path: Path, verifier) -> None:
     parse_gin([SFT_GIN, "rollout/vllm_cpu.gin"], RL)
     try:
         model = load_hf(sft_model_dir)
         backend = RolloutBackend(backend="vllm", router="balancer", vllm_servers=2, vllm_per_server_cpus=SERVER_CPUS)
-        trainer = RLTrainer(tmp_path / "run", model.config, model.params, str(sft_model_dir), backend=backend)
+        trainer = RLTrainer(tmp_path / "run", model.config, model.params, str(sft_model_dir),
+                            rl_setup(backend=backend))
         with running_sandbox(["--workers", "2"]) as sandbox, \
                 backend.start(model.config, model.params, tmp_path, str(sft_model_dir)) as engines:
-            params = trainer.run([sandbox.url], engines)
+            params = trainer.run([sandbox.url], verifier, engines)
             balancer = engines.engine
             servers = balancer.engines
             probe = _a_trajectory()

@@ -25,14 +25,14 @@ from rstar_jax.model import ModelConfig, init_params, load_hf
 from rstar_jax.model.hf_io import save_hf
 from rstar_jax.parallel import make_mesh, param_specs
 from rstar_jax.train.memory_plan import abstract_params
-from rstar_jax.train.optim import rl_optimizer
 from rstar_jax.train.rl_batch import rl_micro_batches
-from rstar_jax.train.rl_trainer import RLSettings, RLTrainer
+from rstar_jax.train.rl_setup import RLSettings, rl_setup
+from rstar_jax.train.rl_trainer import RLTrainer
 from rstar_jax.train.stages import Stage
 from rstar_jax.data.problem_source import ProblemSource
 from rstar_jax.gin_setup import parse_gin
 from rstar_jax.paths import REPO_ROOT
-from rstar_jax.train.dry_run import plan_dry_run
+from experiments.train import dry_run_plan
 
 RECIPE_PRECISION = ["ModelConfig.param_dtype = 'float32'", "ModelConfig.dtype = 'bfloat16'"]
 SETTINGS = RLSettings(stages=(Stage(steps=1, max_response_tokens=64, max_turns=1,
@@ -70,7 +70,7 @@ def test_recipe_precision_applies_to_a_bfloat16_folder_and_a_1e6_step_moves_the_
                                                      "rl_optimizer.learning_rate = 1e-6"])
     model = load_hf(folder, mesh=make_mesh())
     assert (model.config.param_dtype, model.config.dtype) == (master, "bfloat16")
-    trainer = RLTrainer(tmp_path / "run", model.config, model.params, settings=SETTINGS)
+    trainer = RLTrainer(tmp_path / "run", model.config, model.params, "tiny", rl_setup(SETTINGS))
     state, _ = trainer.start_state()
     assert {leaf.dtype.name for leaf in jax.tree.leaves(state.params)} == {master}
     before = jax.device_get(state.params)
@@ -104,7 +104,7 @@ def test_the_dry_run_plans_the_folders_model_with_the_trainers_precision(tmp_pat
     gin_bindings([])
     gin.add_config_file_search_path(str(REPO_ROOT))
     parse_gin(["paper/qwen3_0_6b.gin"], [])
-    plan = plan_dry_run(8, str(folder))
+    plan = dry_run_plan(rl_setup(), 8, str(folder))
     assert plan.config == load_hf(folder).config
     assert (plan.config.param_dtype, plan.config.dtype, plan.config.hidden_size) == ("float32", "bfloat16", 64)
     assert plan.state.param_bytes_total == 4 * plan.state.param_count
@@ -196,7 +196,7 @@ def test_sharded_build_holds_no_whole_matrix_and_peaks_at_the_steady_state(
     with LiveBytes(_matrix_shapes(BIG)) as watch:
         mesh = make_mesh()
         model = load_hf(big_folder, mesh=mesh)
-        trainer = RLTrainer(tmp_path / "run", model.config, model.params, settings=SETTINGS, mesh=mesh)
+        trainer = RLTrainer(tmp_path / "run", model.config, model.params, "tiny", rl_setup(SETTINGS), mesh)
         del model
         state, reference = trainer.start_state()
     assert reference is None
