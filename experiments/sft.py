@@ -6,7 +6,7 @@ come from a real sandbox server; resumable (`rstar_jax.train.sft_run.train_sft`)
 Writes DIR/model/ (HF folder), DIR/metrics.jsonl and DIR/tensorboard/ (loss, gradient norm, learning rate per step),
 DIR/summary.json, DIR/operative_config.gin, DIR/transcripts.jsonl (cached ids) and DIR/checkpoints/. A killed run
 started again with the same DIR resumes. With --eval_problems N it then measures the format on N held-out problems
-(`rstar_jax.train.format_probe`) and writes DIR/format_eval.json.
+(`rstar_jax.eval.format_probe`) and writes DIR/format_eval.json.
 
 """
 
@@ -19,8 +19,9 @@ from typing import Any, Sequence
 
 from experiments.make_tiny_model import TINY_MODEL_GIN
 from rstar_jax.console import say
+from rstar_jax.eval.format_probe import probe_format
 from rstar_jax.gin_setup import knob_help, parse_gin, write_operative_config
-from rstar_jax.train.format_probe import probe_format
+from rstar_jax.reward import VerifierPool
 from rstar_jax.train.sft_run import SUMMARY_FILE, train_sft
 
 DEFAULT_GIN = "sft/tiny_format.gin"
@@ -51,7 +52,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     say(f"wrote {model_dir}: {summary['steps']} steps in {summary['total_seconds']:.0f} s, "
         f"loss {summary['first_loss']:.3f} -> {summary['final_loss']:.3f}")
     if args.eval_problems:
-        summary["format_eval"] = probe_format(model_dir, args.eval_problems)
+        with VerifierPool() as verifier:
+            summary["format_eval"] = probe_format(model_dir, verifier, args.eval_problems)
         (out / "format_eval.json").write_text(json.dumps(summary["format_eval"], indent=1) + "\n")
         say(json.dumps({k: v for k, v in summary["format_eval"].items() if k != "samples"}, indent=1))
     return summary

@@ -12,14 +12,14 @@ import dataclasses
 from typing import Any, Sequence
 
 from rstar_jax.agent.tool_protocol import ToolExecutor
-from rstar_jax.agent.trajectory import sampled_turn_texts
 from rstar_jax.console import Progress
 from rstar_jax.data.problem import Problem
 from rstar_jax.eval.metrics import avg_at_k, pass_at_k, verdict_matrix
-from rstar_jax.reward import verify_batch
+from rstar_jax.reward.verifier import Verifier
 from rstar_jax.rl.metrics import trajectory_metrics
 from rstar_jax.rollout.agent_loop import AgentLoop, RolloutSample
 from rstar_jax.rollout.engine import GenerationEngine
+from rstar_jax.rollout.verified import verified_rollouts
 
 
 @dataclasses.dataclass(frozen=True)
@@ -33,9 +33,10 @@ class EvalResult:
 
 
 async def evaluate(engine: GenerationEngine, executor: ToolExecutor, tokenizer: Any, problems: Sequence[Problem],
-                   samples: int = 1, temperature: float = 0.0, max_turns: int = 30,
+                   verifier: Verifier, samples: int = 1, temperature: float = 0.0, max_turns: int = 30,
                    max_response_tokens: int = 30_000, seed: int = 0, verify_timeout_s: float = 10.0) -> EvalResult:
-    """Solve every problem `samples` times at `temperature` (0: greedy) with the tool, and verify each answer.
+    """Solve every problem `samples` times at `temperature` (0: greedy) with the tool, and verify each answer with
+    `verifier` (through `verified_rollouts`, the trainer's own rollout -> answer -> verdict path).
 
     summary: problems, samples, avg@k ("accuracy"), pass@k, and `trajectory_metrics` of all trajectories.
     """
@@ -46,9 +47,9 @@ async def evaluate(engine: GenerationEngine, executor: ToolExecutor, tokenizer: 
     label = "greedy" if temperature == 0 else f"T={temperature:g}"
     with Progress(len(problems) * samples, f"evaluation ({label})", every=64,
                   unit="trajectory") as progress:
-        rollouts = await loop.rollout(list(problems), samples, seed=seed, on_done=lambda _: progress.advance())
-    answers = ["\n".join(sampled_turn_texts(sample.trajectory, tokenizer)) for sample in rollouts]
-    correct = verify_batch(answers, [sample.problem.answer for sample in rollouts], timeout_s=verify_timeout_s)
+        verified = await verified_rollouts(loop, problems, samples, seed, verifier, verify_timeout_s,
+                                           on_done=lambda _: progress.advance())
+    rollouts, correct = verified.samples, verified.correct
     per_problem = verdict_matrix(correct, len(problems), samples)
     records = [{"id": problem.id, "answer": problem.answer, "correct": int(row.sum()), "samples": samples}
                for problem, row in zip(problems, per_problem)]
@@ -56,4 +57,4 @@ async def evaluate(engine: GenerationEngine, executor: ToolExecutor, tokenizer: 
                **trajectory_metrics([sample.trajectory for sample in rollouts], correct),
                "pass_at_k": pass_at_k(per_problem)}
     summary["accuracy"] = avg_at_k(per_problem)  # avg@k: the mean over problems of each one's solved share
-    return EvalResult(summary, records, rollouts, list(correct))
+    return EvalResult(summary, records, rollouts, correct)

@@ -18,6 +18,7 @@ from rstar_jax.agent.tool_call import ToolCall, parse_tool_calls
 from rstar_jax.data.synthetic import synthetic_problems
 from rstar_jax.eval.agentic import evaluate
 from rstar_jax.processes import running_sandbox
+from rstar_jax.reward.verifier import Verifier
 from rstar_jax.rollout.engine import SamplingParams
 from rstar_jax.rollout.jax_engine import JaxEngine
 from rstar_jax.tokenizers import load_tokenizer
@@ -32,12 +33,12 @@ def calls_parse(turn_text: str) -> bool:
 
 
 @gin.configurable
-def probe_format(model_dir: str | Path, num_problems: int = 32, seed: int = 1_000_003, max_new_tokens: int = 192,
-                 max_turns: int = 3, max_len: int = 1024, slots: int = 8) -> dict[str, Any]:
+def probe_format(model_dir: str | Path, verifier: Verifier, num_problems: int = 32, seed: int = 1_000_003,
+                 max_new_tokens: int = 192, max_turns: int = 3, max_len: int = 1024, slots: int = 8) -> dict[str, Any]:
     """Measure the format on `num_problems` held-out synthetic problems of `seed` (the model folder's tokenizer).
 
-    Runs the model in the in-process JAX engine and the calls in a sandbox server started for the probe; returns
-    the two rates, greedy accuracy and every greedy solve's turns.
+    Runs the model in the in-process JAX engine and the calls in a sandbox server started for the probe; greedy
+    answers are checked by `verifier`. Returns the two rates, greedy accuracy and every greedy solve's turns.
     """
     if num_problems < 1:
         raise ValueError(f"num_problems must be >= 1, got {num_problems}")
@@ -54,7 +55,7 @@ def probe_format(model_dir: str | Path, num_problems: int = 32, seed: int = 1_00
                                            seed=seed + index))
             for index, problem in enumerate(problems)))
         async with SandboxClient([url]) as client:
-            greedy = await evaluate(engine, client, tokenizer, problems, samples=1, temperature=0.0,
+            greedy = await evaluate(engine, client, tokenizer, problems, verifier, samples=1, temperature=0.0,
                                     max_turns=max_turns, max_response_tokens=max_len - longest_prompt, seed=seed)
         first_texts = [tokenizer.decode(list(turn.token_ids), skip_special_tokens=False) for turn in firsts]
         turns = [[tokenizer.decode([t for t, m in zip(s.trajectory.token_ids, s.trajectory.loss_mask) if m],
