@@ -10,14 +10,20 @@ import gin
 import jax
 import pytest
 
+from experiments.demo import DEMO_GIN
+from experiments.make_tiny_model import TINY_MODEL_GIN
+from experiments.sft import DEFAULT_GIN as SFT_GIN
 from experiments.train import dry_run_plan, main as train_main
 from rstar_jax.gin_setup import parse_gin
+from rstar_jax.model import init_params
 from rstar_jax.model.config import ModelConfig
 from rstar_jax.paths import REPO_ROOT
 from rstar_jax.rollout.kv_budget import (ServerShape, concurrent_sequences, flag_value, kv_budget_bytes,
                                          kv_bytes_per_token, server_shape)
 from rstar_jax.train.dry_run import GIB, DryRun, DryRunError
+from rstar_jax.train.batching import bucket_length
 from rstar_jax.train.rl_setup import rl_setup
+from rstar_jax.train.rl_trainer import RLTrainer
 from rstar_jax.parallel.plan import abstract_mesh
 from rstar_jax.train.memory_plan import abstract_params, activation_parts, local_dims
 
@@ -213,3 +219,32 @@ def test_one_node_placement_errors_are_problems(paper_gin) -> None:
     gin.clear_config()
     paper_gin(ONE_NODE["1.7B"], "learner_devices.node_gpus = 6")
     assert any("placed on GPU 6, but the node has 6 GPUs" in p for p in _plan(4).problems)
+
+
+def test_the_dry_run_plans_the_trainers_own_setup(tmp_path) -> None:
+    """Issue 25 item 3: one `RLSetup`, built from the demo's gin, feeds the trainer and the dry run. The plan's
+    per-device parameter and optimiser bytes are what the trainer's started state holds on each of 8 devices, its
+    log-prob chunk and padded lengths are the learner's, its rollouts a step the selector's."""
+    try:
+        parse_gin([TINY_MODEL_GIN, SFT_GIN, DEMO_GIN], ["RLSettings.logprob_chunk = 128", "make_mesh.fsdp = -1"])
+        setup = rl_setup()
+        plan = dry_run_plan(setup, 8)
+        config = ModelConfig()
+    finally:
+        gin.clear_config()
+    trainer = RLTrainer(tmp_path, config, init_params(config, jax.random.key(0)), "tiny", setup)
+    state, _ = trainer.start_state()
+    device = jax.devices()[0]
+
+    def bytes_on(tree) -> int:
+        return sum(shard.data.nbytes for leaf in jax.tree.leaves(tree) for shard in leaf.addressable_shards
+                   if shard.device == device)
+
+    assert trainer.mesh.shape == plan.mesh_shape == {"data": 1, "fsdp": 8, "tensor": 1}
+    assert (plan.state.params, plan.state.optimizer) == (bytes_on(state.params), bytes_on(state.opt_state))
+    assert plan.chunk == trainer.learner.chunk == 128
+    for stage, planned in zip(setup.settings.stages, plan.stages):
+        assert planned.padded == bucket_length(planned.context, trainer.settings.pad_multiple)
+        assert planned.padded % 256 == 0  # the demo's RLSettings.pad_multiple
+    assert plan.total_rollouts == setup.settings.prompts_per_step * trainer.selector.rollouts_per_prompt(
+        setup.settings.group_size)
