@@ -19,6 +19,7 @@ under the same model, protocol and --limit, and refuses if they differ.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import shlex
 import sys
@@ -37,6 +38,7 @@ from rstar_jax.eval.model_source import load_model, resolve_model_source
 from rstar_jax.eval.references import SOURCE
 from rstar_jax.gin_setup import GinConfigError, knob_help, parse_gin, write_operative_config
 from rstar_jax.processes import running_sandbox
+from rstar_jax.reward import VerifierPool
 from rstar_jax.rollout.backends import RolloutBackend
 from rstar_jax.tokenizers import load_tokenizer
 
@@ -107,13 +109,10 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
             f"{backend.backend} engines")
         if todo:
             config, params = load_model(source)
-            if args.sandbox_url:
-                protocol.run(config, params, str(source.base), tokenizer, todo, args.sandbox_url, out, backend,
+            with VerifierPool() as verifier, contextlib.ExitStack() as stack:
+                sandbox_urls = args.sandbox_url or [stack.enter_context(running_sandbox(["--workers", "2"])).url]
+                protocol.run(config, params, str(source.base), tokenizer, todo, sandbox_urls, verifier, backend, out,
                              set_done)
-            else:
-                with running_sandbox(["--workers", "2"]) as sandbox:
-                    protocol.run(config, params, str(source.base), tokenizer, todo, [sandbox.url], out, backend,
-                                 set_done)
         engines = (f"{backend.jax_engines} in-process JAX engine(s) of {backend.slots} x {backend.max_len} tokens"
                    if backend.backend == "jax" else f"vLLM ({', '.join(backend.vllm_urls) or backend.vllm_servers})")
         summary = {"model": source.describe(), "command": command, "settings": protocol.settings(),

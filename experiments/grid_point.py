@@ -1,6 +1,6 @@
 """One point of a sweep or ablation (run by experiments/sweep.py and experiments/ablate.py in a subprocess each):
 RL of a model folder through experiments.train, then the held-out evaluation of the start model (cached) and the
-trained one (gin `HeldOutEval`, SPEC 7).
+trained one (gin `HeldOutEval`, SPEC 7) on the engines of gin's `RolloutBackend`, the ones the training used.
 
     python -m experiments.grid_point --model DIR --out RUN --start_eval_cache CACHE [--sandbox_url URL]
         [--gin_file ...] [--gin_param ...]
@@ -24,10 +24,13 @@ from experiments.make_tiny_model import TINY_MODEL_GIN
 from experiments.sft import DEFAULT_GIN as SFT_GIN
 from experiments.train import main as train_main
 from rstar_jax.console import log_to, say
+from rstar_jax.eval.heldout import HeldOutEval
 from rstar_jax.gin_setup import write_operative_config
 from rstar_jax.grid.point_eval import point_summary
 from rstar_jax.grid.runner import SUMMARY_FILE, write_json
 from rstar_jax.processes import running_sandbox
+from rstar_jax.reward import VerifierPool
+from rstar_jax.rollout.backends import RolloutBackend
 
 DEFAULT_GIN = (TINY_MODEL_GIN, SFT_GIN, DEMO_GIN)
 
@@ -48,8 +51,11 @@ def main(argv: Sequence[str] | None = None) -> Path:
     with contextlib.ExitStack() as stack:
         url = args.sandbox_url or stack.enter_context(running_sandbox(["--workers", "2"])).url
         trained = train_main(["--model", args.model, "--out", str(out), "--sandbox_url", url, *gin_args])
-        with log_to(out / "point.log"):
-            summary = point_summary(args.model, trained, url, args.start_eval_cache)
+        # experiments.train parsed the point's gin config: the evaluation and the engines are built from it here
+        evaluation, backend = HeldOutEval(), RolloutBackend()
+        with log_to(out / "point.log"), VerifierPool() as verifier:
+            summary = point_summary(evaluation, args.model, trained, url, verifier, backend, args.start_eval_cache,
+                                    out)
             write_operative_config(out)
             path = write_json(out / SUMMARY_FILE, summary)
             start, after = (summary[when]["sampled"]["accuracy"] for when in ("start", "after"))

@@ -26,8 +26,7 @@ TINY_RUN = [
     "RolloutBackend.max_len = 384", "JaxEngine.prefill_buckets = (384,)", "JaxEngine.decode_windows = (384,)",
     "HeldOutEval.problems = @small/ProblemSource()", "small/ProblemSource.source = 'synthetic'",
     "small/ProblemSource.count = 2", "small/ProblemSource.split = 'heldout'", "HeldOutEval.samples = 1",
-    "HeldOutEval.greedy = False", "HeldOutEval.max_response_tokens = 48", "HeldOutEval.slots = 8",
-    "HeldOutEval.max_len = 384",
+    "HeldOutEval.greedy = False", "HeldOutEval.max_response_tokens = 48",
 ]
 
 
