@@ -35,11 +35,12 @@ from rstar_jax.gin_setup import knob_help, parse_gin, write_operative_config
 from rstar_jax.model import load_hf
 from rstar_jax.model.folder import save_model_folder
 from rstar_jax.processes import running_sandbox
-from rstar_jax.train.metrics import read_metrics
-from rstar_jax.rl import make_selector
+from rstar_jax.reward import VerifierPool
 from rstar_jax.tokenizers import load_tokenizer
+from rstar_jax.train.metrics import read_metrics
 from rstar_jax.train.plots import plot_metrics
-from rstar_jax.train.rl_trainer import RLSettings, RLTrainer
+from rstar_jax.train.rl_setup import rl_setup
+from rstar_jax.train.rl_trainer import RLTrainer
 from rstar_jax.train.sft_run import train_sft
 
 DEMO_GIN = "demo/cpu_demo.gin"
@@ -68,8 +69,9 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     parse_gin([TINY_MODEL_GIN, SFT_GIN, DEMO_GIN, *args.gin_file], args.gin_param + seed_bindings(args.seed))
     out = Path(args.out)
     started = time.monotonic()
-    settings, evaluation = RLSettings(), HeldOutEval()
-    with log_to(out / "demo.log"), running_sandbox(["--workers", "2"]) as sandbox:
+    setup, evaluation = rl_setup(), HeldOutEval()  # every object of the run, built once from gin
+    settings = setup.settings
+    with log_to(out / "demo.log"), running_sandbox(["--workers", "2"]) as sandbox, VerifierPool() as verifier:
         say("rstar-jax CPU demo: format SFT, then GRPO-RoC, then held-out accuracy before and after")
         with phase("[1/4] format SFT of the tiny model") as sft_time:
             model_dir = train_sft(out / "sft")
@@ -78,16 +80,18 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         problems = f"{evaluation.problems.describe()}, {evaluation.samples} samples at T={evaluation.temperature}" \
                    + (" and greedy" if evaluation.greedy else "")
         with phase(f"[2/4] held-out evaluation of the SFT model ({problems})") as before_time:
-            before = evaluation.run(model.config, model.params, tokenizer, sandbox.url)
-        per_prompt = make_selector().rollouts_per_prompt(settings.group_size)
+            before = evaluation.run(model.config, model.params, tokenizer_dir, tokenizer, [sandbox.url], verifier,
+                                    setup.backend, out / "eval_before")
+        per_prompt = setup.selector.rollouts_per_prompt(settings.group_size)
         with phase(f"[3/4] GRPO-RoC: {settings.total_steps} steps in {len(settings.stages)} stages, "
                    f"{settings.prompts_per_step} prompts x {per_prompt} rollouts a step") as rl_time:
-            trainer = RLTrainer(out / "rl", model.config, model.params, tokenizer_dir, settings)
-            params = trainer.run([sandbox.url])
+            trainer = RLTrainer(out / "rl", model.config, model.params, tokenizer_dir, setup)
+            params = trainer.run([sandbox.url], verifier)
             save_model_folder(model.config, params, out / "rl" / "model", tokenizer_dir)
             plot_metrics(read_metrics(out / "rl" / "metrics.jsonl"), out / "rl" / "plots", "GRPO-RoC")
         with phase(f"[4/4] held-out evaluation after RL ({problems})") as after_time:
-            after = evaluation.run(model.config, params, tokenizer, sandbox.url)
+            after = evaluation.run(model.config, params, tokenizer_dir, tokenizer, [sandbox.url], verifier,
+                                   setup.backend, out / "eval_after")
         results = {"after_sft": before, "after_rl": after}
         by_kind = {when: {name: accuracy_by_kind(result) for name, result in by_mode.items()}
                    for when, by_mode in results.items()}

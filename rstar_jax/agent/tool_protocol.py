@@ -6,6 +6,7 @@ the sandbox package.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Protocol
 
 
@@ -29,6 +30,24 @@ class ToolOutcome(Protocol):
 
     @property
     def ok(self) -> bool: ...
+
+
+@dataclasses.dataclass(frozen=True)
+class FixedOutcome:
+    """A `ToolOutcome` made without running the tool: an executor's failure the model reads instead of a crash (the
+    agent loop), or a call whose output is known in advance (SFT transcripts, copy drills). `ok` as the sandbox's:
+    status "ok"."""
+
+    status: str
+    stdout: str = ""
+    stderr: str = ""
+    exit_code: int | None = None
+    duration_ms: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        """Whether the call ran to completion (status "ok")."""
+        return self.status == "ok"
 
 
 class ToolExecutor(Protocol):

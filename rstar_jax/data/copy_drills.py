@@ -23,11 +23,11 @@ from typing import Iterator, Sequence
 from transformers import PreTrainedTokenizerBase
 
 from rstar_jax.agent.tool_call import ToolCall, tool_call_text
+from rstar_jax.agent.tool_protocol import FixedOutcome
 from rstar_jax.agent.tool_response import format_tool_response
 from rstar_jax.data.synthetic import KINDS, synthetic_task
 from rstar_jax.data.synthetic_sft import INTROS, final_turn_text
 from rstar_jax.tokenizers.special_tokens import IM_END, IM_START
-from sandbox_server.api import ToolResult
 
 MAX_DIFFICULTY = 3
 
@@ -44,7 +44,7 @@ def _question_and_program(rng: random.Random, seed: int, kinds: Sequence[str]) -
 
 def _output_and_answer(rng: random.Random) -> str:
     value = str(rng.randrange(10 ** rng.randint(1, 6)))
-    response = format_tool_response(ToolResult("ok", value + "\n", "", 0, 0.0), show_duration=False)
+    response = format_tool_response(FixedOutcome("ok", value + "\n", "", 0, 0.0), show_duration=False)
     return _turn("user", f"<tool_response>\n{response}\n</tool_response>") + _turn("assistant", final_turn_text(value))
 
 

@@ -19,25 +19,13 @@ from transformers import PreTrainedTokenizerBase
 
 from rstar_jax.agent.prompt import prompt_token_ids
 from rstar_jax.agent.tool_call import FailedToolCall, ToolCall, has_tool_call, parse_tool_calls
-from rstar_jax.agent.tool_protocol import ToolExecutor, ToolOutcome
+from rstar_jax.agent.tool_protocol import FixedOutcome, ToolExecutor, ToolOutcome
 from rstar_jax.agent.trajectory import FinishReason, Trajectory, TrajectoryBuilder
 from rstar_jax.data.problem import Problem
 from rstar_jax.rollout.engine import FINISH_LENGTH, GenerationEngine, RoutingKey, SamplingParams
 from rstar_jax.tokenizers.special_tokens import IM_END, TOOL_CALL_CLOSE
 
 EXECUTOR_FAILED = "unavailable"  # status of a call whose executor raised instead of answering
-
-
-@dataclasses.dataclass(frozen=True)
-class ExecutorFailure:
-    """A `ToolOutcome` for a call whose executor raised: the model reads it as a failed call, the loop goes on."""
-
-    stderr: str
-    status: str = EXECUTOR_FAILED
-    stdout: str = ""
-    exit_code: int | None = None
-    duration_ms: float = 0.0
-    ok: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -123,7 +111,7 @@ class AgentLoop:
         try:
             return await self.executor.run(call.code, call.stdin, timeout_s=self.tool_timeout_s)
         except Exception as error:  # noqa: BLE001 - a broken tool is the model's problem to read, not a crash
-            return ExecutorFailure(stderr=f"the tool could not be run: {type(error).__name__}: {error}")
+            return FixedOutcome(EXECUTOR_FAILED, stderr=f"the tool could not be run: {type(error).__name__}: {error}")
 
     async def rollout(self, problems: Sequence[Problem], n_per_problem: int, seed: int = 0,
                       on_done: Callable[[RolloutSample], None] | None = None) -> list[RolloutSample]:

@@ -20,16 +20,16 @@ import gin
 from transformers import PreTrainedTokenizerBase
 
 from rstar_jax.agent.prompt import prompt_token_ids
+from rstar_jax.agent.tool_protocol import FixedOutcome
 from rstar_jax.agent.tool_response import format_tool_response
 from rstar_jax.data.synthetic import synthetic_tasks
 from rstar_jax.data.synthetic_sft import SftTranscript, sft_transcripts
 from rstar_jax.files import atomic_path
 from rstar_jax.processes import running_sandbox
-from sandbox_server.api import ToolResult
 from sandbox_server.client import SandboxClient
 
 
-_PROBE_OUTCOME = ToolResult("ok", "42\n", "", 0, 12.0)
+_PROBE_OUTCOME = FixedOutcome("ok", "42\n", "", 0, 12.0)
 
 
 @dataclass(frozen=True)
