@@ -1,11 +1,14 @@
-"""The JAX engine's device work: its three jitted steps and the prompt-length buckets that bound their shapes.
+"""The JAX engine's device work: its jitted steps and the buckets that bound their shapes.
 
 `prefill_and_sample` starts one request in one slot (the slot is a traced index) from its prompt padded to a
 bucket length; `clone_and_sample` starts one in a slot by copying the cache of another that holds the same prompt
-(the 2G rollouts of a GRPO group share their first prompt: one prefill serves them all); `decode_and_sample` feeds
-every slot its pending token and samples the next, a fixed number of times per call, attending over a window of the
-cache that covers the longest running sequence. Their shapes depend only on (slots, max_len, bucket or window,
-steps), so an engine compiles len(buckets) + len(windows) + 1 programs and nothing once warm (DESIGN "Functional
+(the 2G rollouts of a GRPO group share their first prompt: one prefill serves them all); `extend_and_sample` starts
+one from the first tokens another slot (or the same one) holds, prefilling only the rest of its prompt, padded to a
+turn bucket (a trajectory's next turn: its previous turn's tokens are still cached); `copy_row` moves a row between
+the decoding cache and the park store; `decode_and_sample` feeds every slot its pending token and samples the next,
+a fixed number of times per call, attending over a window of the cache that covers the longest running sequence.
+Their shapes depend only on (slots, park rows, max_len, bucket or window, steps), so an engine compiles
+len(buckets) + len(turn buckets) + len(windows) + 3 programs at most and nothing once warm (DESIGN "Functional
 learner": shapes are bucketed so a step compiles a bounded number of times).
 """
 
@@ -18,12 +21,13 @@ from typing import Sequence
 import jax
 import jax.numpy as jnp
 
-from rstar_jax.model import KVCache, ModelConfig, decode_step, prefill_slot
+from rstar_jax.model import KVCache, ModelConfig, decode_step, extend, prefill_slot
 from rstar_jax.model.lm import Params
 from rstar_jax.rollout.sampling import sample_tokens
 
 SMALLEST_BUCKET = 16
 SMALLEST_DECODE_WINDOW = 128  # below this, a smaller window saves less than its extra program costs to compile
+LARGEST_TURN_BUCKET = 128  # a longer suffix goes in several calls (a turn's new tokens: a tool response and a header)
 
 
 def power_of_two_buckets(max_len: int, smallest: int = SMALLEST_BUCKET) -> tuple[int, ...]:
@@ -60,6 +64,16 @@ def bucket_for(length: int, buckets: Sequence[int]) -> int:
     return buckets[index]
 
 
+def suffix_chunks(length: int, buckets: Sequence[int]) -> list[tuple[int, int]]:
+    """(tokens, bucket) of each call that prefills a suffix of `length` tokens: as many of the largest bucket as
+    needed, then the smallest bucket that holds the rest (buckets sorted)."""
+    if length < 1:
+        raise ValueError(f"a suffix has at least one token, got {length}")
+    largest = buckets[-1]
+    full, rest = divmod(length, largest)
+    return [(largest, largest)] * full + ([(rest, bucket_for(rest, buckets))] if rest else [])
+
+
 @functools.partial(jax.jit, static_argnames=("config",), donate_argnames=("cache",))
 def prefill_and_sample(params: Params, config: ModelConfig, cache: KVCache, slot: jax.Array, prompt_ids: jax.Array,
                        prompt_mask: jax.Array, temperature: jax.Array, top_p: jax.Array,
@@ -90,6 +104,39 @@ def clone_and_sample(cache: KVCache, source: jax.Array, slot: jax.Array, length:
     cache = KVCache(copy_row(cache.keys), copy_row(cache.values), cache.lengths.at[slot].set(length))
     token, logprob = _sample_one(logits, temperature, top_p, seed, length)
     return token, logprob, cache
+
+
+@functools.partial(jax.jit, static_argnames=("config",), donate_argnames=("cache",))
+def extend_and_sample(params: Params, config: ModelConfig, cache: KVCache, source: jax.Array, slot: jax.Array,
+                      start: jax.Array, suffix_ids: jax.Array, suffix_mask: jax.Array, temperature: jax.Array,
+                      top_p: jax.Array, seed: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array, KVCache]:
+    """Start `slot` with the first `start` cached tokens of `source` (any slot, `slot` itself included) followed
+    by the suffix (ids [T] right-padded, mask [T]), and sample the next token.
+
+    The suffix attends over the `start` cached positions and itself (`kv_cache.extend` over the whole row): the
+    same computation as a prefill of the whole prompt up to float rounding, for T tokens instead of start + T.
+    Returns (token, its temperature-1 log-prob, the logits [V] after the suffix, the cache); as after a prefill,
+    the token is not cached yet.
+    """
+    row = KVCache(jax.lax.dynamic_slice_in_dim(cache.keys, source, 1, axis=1),
+                  jax.lax.dynamic_slice_in_dim(cache.values, source, 1, axis=1), start[None])
+    logits, row = extend(params, config, row, suffix_ids[None], suffix_mask[None], all_logits=False)
+    cache = KVCache(jax.lax.dynamic_update_slice_in_dim(cache.keys, row.keys, slot, axis=1),
+                    jax.lax.dynamic_update_slice_in_dim(cache.values, row.values, slot, axis=1),
+                    cache.lengths.at[slot].set(row.lengths[0]))
+    token, logprob = _sample_one(logits[0], temperature, top_p, seed, row.lengths[0])
+    return token, logprob, logits[0], cache
+
+
+@functools.partial(jax.jit, donate_argnames=("target",))
+def copy_row(target: KVCache, source: KVCache, row: jax.Array, source_row: jax.Array) -> KVCache:
+    """`target`'s `row` becomes a copy of `source`'s `source_row` (keys, values, length): a slot parked in the
+    park store, or a parked row brought back into a slot."""
+    def copy(to: jax.Array, of: jax.Array) -> jax.Array:
+        return jax.lax.dynamic_update_slice_in_dim(to, jax.lax.dynamic_slice_in_dim(of, source_row, 1, 1), row, 1)
+
+    return KVCache(copy(target.keys, source.keys), copy(target.values, source.values),
+                   target.lengths.at[row].set(source.lengths[source_row]))
 
 
 def _sample_one(logits: jax.Array, temperature: jax.Array, top_p: jax.Array, seed: jax.Array,

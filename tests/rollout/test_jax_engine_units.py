@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 from rstar_jax.rollout.engine import SamplingParams
-from rstar_jax.rollout.jax_engine_slots import PromptMemo, Request, SlotTable
-from rstar_jax.rollout.jax_engine_steps import bucket_for, check_buckets, power_of_two_buckets
+from rstar_jax.rollout.jax_engine_slots import CacheMemo, Request, SlotTable, Start, common_prefix
+from rstar_jax.rollout.jax_engine_steps import bucket_for, check_buckets, power_of_two_buckets, suffix_chunks
 from rstar_jax.rollout.sampling import nucleus_mask, sample_tokens, seed_words
 
 PROBS = np.array([0.5, 0.3, 0.15, 0.05])
@@ -156,21 +156,95 @@ def test_slot_table_tracks_decode_inputs_and_live_tokens():
     assert table.running == 0 and table.live_tokens() == 0 and table.occupied() == []
 
 
-def test_prompt_memo_points_at_a_slot_that_still_begins_with_the_prompt():
-    memo = PromptMemo(slots=3)
-    first, second = np.array([5, 6, 7], np.int32), np.array([5, 6], np.int32)
-    assert memo.lookup(first) is None
-    memo.record(0, first, "logits of first")
-    memo.record(1, first, "logits of first")  # a copy: the entry keeps its first slot
-    memo.record(2, second, "logits of second")
-    assert memo.lookup(first) == (0, "logits of first")
-    assert memo.lookup(second) == (2, "logits of second")  # a prefix is a different prompt
-    memo.record(0, second, "logits of second")  # slot 0 overwritten: the first prompt lives on in slot 1
-    assert memo.lookup(first) == (1, "logits of first")
-    memo.record(1, second, "logits of second")  # and now nowhere
-    assert memo.lookup(first) is None
-    assert memo.lookup(second) == (2, "logits of second")
+def ids(*tokens: int) -> np.ndarray:
+    return np.array(tokens, np.int32)
+
+
+def test_cache_memo_copies_a_whole_prompt_held_with_its_logits():
+    memo = CacheMemo(slots=3)
+    first, second = ids(5, 6, 7), ids(5, 6)
+    assert memo.plan(first, free=[0, 1, 2], busy=[]) == Start("prefill")
+    memo.hold(0, first, "logits of first")
+    memo.hold(1, first, "logits of first")  # a copy
+    memo.hold(2, second, "logits of second")
+    assert memo.plan(first, free=[], busy=[0, 1, 2]) == Start("copy", 0, 3, False)
+    assert memo.plan(first, free=[1], busy=[0, 2]) == Start("copy", 1, 3, True)  # in place: nothing lost
+    assert memo.logits(1) == "logits of first"
+    # A prefix is a different prompt: no logits after it, so without extension it is prefilled.
+    assert memo.plan(ids(5), free=[], busy=[0, 1, 2]) == Start("prefill")
+    assert memo.plan(second, free=[], busy=[0, 1, 2]) == Start("copy", 2, 2, False)
+    memo.hold(0, second, "logits of second")  # slot 0 overwritten: the first prompt lives on in slot 1
+    assert memo.plan(first, free=[], busy=[0, 1, 2]) == Start("copy", 1, 3, False)
     memo.forget()
-    assert memo.lookup(second) is None
-    memo.record(2, first, "new logits")
-    assert memo.lookup(first) == (2, "new logits")
+    assert memo.plan(first, free=[0, 1, 2], busy=[]) == Start("prefill")
+
+
+def test_cache_memo_extends_the_longest_held_prefix_when_worth_it():
+    memo = CacheMemo(slots=2, park_rows=2)
+    memo.hold(0, ids(1, 2, 3), "l0")
+    memo.grow(0, ids(1, 2, 3, 4, 5))  # the turn ended: prompt + sampled tokens but the last
+    memo.hold(3, ids(1, 2, 9), "l3")  # a parked row
+    always = lambda shared: True  # noqa: E731
+    # The trajectory's next turn continues slot 0's tokens: extended there in place.
+    assert memo.plan(ids(1, 2, 3, 4, 5, 6, 7), free=[0, 1], busy=[], worth_extending=always) == Start(
+        "extend", 0, 5, True)
+    # A sibling shares only 3 tokens of slot 0: extended from it into another slot (slot 0 keeps its tokens).
+    assert memo.plan(ids(1, 2, 3, 8), free=[0, 1], busy=[], worth_extending=always) == Start("extend", 0, 3, False)
+    # The parked row shares more: extended from it.
+    assert memo.plan(ids(1, 2, 9, 9), free=[1], busy=[0], worth_extending=always) == Start("extend", 3, 3, False)
+    # The whole prompt held without logits after it: the last token is prefilled again for them.
+    assert memo.plan(ids(1, 2, 3, 4), free=[0, 1], busy=[], worth_extending=always) == Start("extend", 0, 3, False)
+    assert memo.plan(ids(1, 2, 3, 4, 5), free=[0, 1], busy=[], worth_extending=always) == Start(
+        "extend", 0, 4, True)
+    # Not worth it, no reuse asked for, or nothing shared: prefill.
+    assert memo.plan(ids(1, 2, 3, 4, 5, 6), free=[0], busy=[], worth_extending=lambda shared: shared > 5) == Start(
+        "prefill")
+    assert memo.plan(ids(1, 2, 3, 4, 5, 6), free=[0], busy=[]) == Start("prefill")
+    assert memo.plan(ids(7, 1, 2), free=[0, 1], busy=[], worth_extending=always) == Start("prefill")
+
+
+def test_cache_memo_evicts_empty_rows_first_then_the_least_recently_used():
+    memo = CacheMemo(slots=3, park_rows=2)
+    assert list(memo.park) == [3, 4]
+    memo.hold(0, ids(1), None)
+    memo.hold(1, ids(2), None)
+    assert memo.victim([0, 1, 2]) == 2
+    assert memo.victim([0, 1]) == 0
+    memo.touch(0)
+    assert memo.victim([0, 1]) == 1
+    memo.move(1, 3)  # slot 1 parked in row 3: the same entry, just used
+    assert memo.tokens(3).tolist() == [2] and memo.victim([0, 3]) == 0
+    memo.drop(0)
+    assert memo.tokens(0) is None and memo.victim([1, 0]) == 0
+
+
+def test_cache_memo_grows_a_slot_only_while_its_entry_is_valid():
+    memo = CacheMemo(slots=1)
+    memo.hold(0, ids(1, 2), "logits")
+    memo.grow(0, ids(1, 2, 3))
+    assert memo.tokens(0).tolist() == [1, 2, 3] and memo.logits(0) == "logits"
+    with pytest.raises(RuntimeError, match="does not extend"):
+        memo.grow(0, ids(1, 4, 3, 5))
+    memo.forget()  # new weights while the turn ran: its cache mixes two versions
+    memo.grow(0, ids(1, 2, 3, 4))
+    assert memo.tokens(0) is None
+
+
+def test_cache_memo_finds_the_turns_that_continue_a_parked_row():
+    memo = CacheMemo(slots=2, park_rows=1)
+    memo.hold(0, ids(1, 2, 3), None)
+    memo.hold(2, ids(7, 300), None)
+    assert memo.continues(ids(1, 2, 3, 4), [0, 1, 2])
+    assert memo.continues(ids(7, 300, 1), [2]) and not memo.continues(ids(7, 300, 1), [0, 1])
+    assert not memo.continues(ids(1, 2, 3), [0])  # the same tokens: nothing new to continue with
+    assert not memo.continues(ids(1, 2), [0]) and not memo.continues(ids(7, 44, 1), [2])
+
+
+def test_common_prefix_and_suffix_chunks():
+    assert common_prefix(ids(1, 2, 3), ids(1, 2, 4, 5)) == 2
+    assert common_prefix(ids(1, 2), ids(1, 2, 4)) == 2 and common_prefix(ids(3), ids(1)) == 0
+    assert suffix_chunks(5, (4, 8)) == [(5, 8)]
+    assert suffix_chunks(8, (4, 8)) == [(8, 8)]
+    assert suffix_chunks(19, (4, 8)) == [(8, 8), (8, 8), (3, 4)]
+    with pytest.raises(ValueError, match="at least one token"):
+        suffix_chunks(0, (4, 8))
