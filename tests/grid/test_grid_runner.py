@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from rstar_jax.grid.points import GridError, expand, parse_grid_arg
-from rstar_jax.grid.runner import SUMMARY_FILE, claim, point_status, run_dir, run_points
+from rstar_jax.grid.runner import SUMMARY_FILE, point_status, record_point, run_dir, run_points
 
 # argv: run folder, behaviour. "ok": log one more step, then the summary; "crash_once": the first time, log a step
 # and die (exit 1); "fail": die at once (exit 3).
@@ -70,16 +70,16 @@ def test_a_run_folder_holding_other_settings_is_refused(tmp_path: Path) -> None:
     point = _points()[0]
     directory = run_dir(tmp_path, point)
     assert point_status(directory) == "new"
-    claim(directory, point)
-    claim(directory, point)  # the same point again: fine
+    record_point(directory, point)
+    record_point(directory, point)  # the same point again: fine
     assert point_status(directory) == "interrupted"
     other = type(point)(point.name, point.labels, ("RLSettings.seed = 99",), point.model)
     with pytest.raises(GridError, match="holds a run of other settings"):
-        claim(directory, other)
+        record_point(directory, other)
     with pytest.raises(GridError, match="holds a run of other settings"):
         run_points([other], tmp_path, lambda p, d: [sys.executable, "-c", ""])
     with pytest.raises(GridError, match="holds a run of other settings"):
-        claim(directory, point, {"gin_params": ["RLSettings.prompts_per_step = 2"]})
+        record_point(directory, point, {"gin_params": ["RLSettings.prompts_per_step = 2"]})
     (directory / SUMMARY_FILE).write_text("{}")
     with pytest.raises(GridError, match="holds a run of other settings"):  # a finished one too: never mixed in
         run_points([point], tmp_path, lambda p, d: [sys.executable, "-c", ""], base={"gin_files": ["other.gin"]})
