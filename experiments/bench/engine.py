@@ -21,6 +21,21 @@ swapped between steps) and into the vLLM server (sync file written, then reloade
 
     python -m experiments.bench.engine                            # all three engines, a few minutes on 2 idle cores
     python -m experiments.bench.engine --engines jax,transformers --requests 8 --json /tmp/engine.json
+
+`--mode rollout` (issue 26 item 1) measures the demo's rollout phase instead, with and without the JAX engine's
+reuse of a trajectory's cache between its turns, in one run: the demo's engines (gin/demo/cpu_demo.gin read for
+its JaxEngine shapes: two engines of 16 slots x 1,024 tokens, 256-1,024-token prefill buckets and decode windows)
+behind the demo's router, serving each step's 12 problems x 8 rollouts of the demo's first stage (their real
+prompts, 284-297 tokens) as multi-turn trajectories: 1-3 turns (mean 2.3, the demo's 2.1-2.5) of 20-95 sampled
+tokens each at temperature 1 (model turns of the demo: 124-205 response tokens a trajectory with ~1.3 tool
+responses), each turn but the last followed by a real tool-response block (25-30 tokens) after `--tool_ms` (the
+demo's sandbox calls: ~14 ms each). The tiny model is random, so turn lengths are scripted (max_new_tokens, no
+stop token) rather than sampled; every forward pass is real. Each step first pushes the weights to both engines,
+as the demo does (which drops every held cache); the two configurations alternate step by step on engines built
+once, and must sample identical tokens (same seeds). Figures: the rollout phase's wall seconds, prompt tokens
+prefilled per rollout (real and padded to the buckets), and how each turn started (prefill / copy / extension).
+
+    python -m experiments.bench.engine --mode rollout --steps 4 --json artifacts/bench_engine_reuse.json
 """
 
 from __future__ import annotations
@@ -38,20 +53,34 @@ import time
 from pathlib import Path
 from typing import Any, Sequence
 
+import gin
 import jax
 import numpy as np
 import torch
 import transformers
 
 from experiments.make_tiny_model import TINY_MODEL_GIN, make_tiny_model
+from rstar_jax.agent.prompt import prompt_token_ids
+from rstar_jax.agent.tool_protocol import FixedOutcome
+from rstar_jax.agent.trajectory import TrajectoryBuilder
+from rstar_jax.data.synthetic import synthetic_problems
 from rstar_jax.gin_setup import parse_gin
 from rstar_jax.model import load_hf
 from rstar_jax.model.lm import Params
-from rstar_jax.rollout.engine import GenerationEngine, SamplingParams
+from rstar_jax.rollout.balancer import Balancer
+from rstar_jax.rollout.engine import Generation, GenerationEngine, SamplingParams
 from rstar_jax.rollout.jax_engine import JaxEngine
+from rstar_jax.rollout.router import FailoverEngine
 from rstar_jax.rollout.vllm_fleet import VLLMFleet, measure_weight_sync
+from rstar_jax.tokenizers import load_tokenizer
 
+MODES = ("throughput", "rollout")
 ENGINES = ("jax", "vllm", "vllm_pinned", "transformers")
+DEMO_GIN = "demo/cpu_demo.gin"  # read for its JaxEngine shapes in rollout mode (other bindings skipped)
+ROUTERS = ("failover", "balancer")
+TURNS, TURN_WEIGHTS = (1, 2, 3), (0.15, 0.40, 0.45)  # turns a demo trajectory takes: mean 2.3 (demo: 2.1-2.5)
+TURN_TOKENS = (20, 95)  # sampled tokens a turn (uniform): the demo's 124-205 response tokens less tool responses
+REUSE_CONFIGS = {"prefill_each_turn": False, "reuse_turns": True}  # name -> JaxEngine(reuse_turns=...)
 BASELINE = "transformers"
 VLLM_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1"}  # GiB of KV cache: ample for the tiny model
 
@@ -253,6 +282,206 @@ def bench_transformers(model_dir: Path, mix: RequestMix, batch: int, threads: in
                       attn_implementation=model.config._attn_implementation)
 
 
+@dataclasses.dataclass(frozen=True)
+class ScriptedTrajectory:
+    """One rollout of the rollout mode: its prompt, the tokens each turn samples and the tool responses between."""
+
+    prompt: tuple[int, ...]
+    turn_tokens: tuple[int, ...]
+    tool_responses: tuple[tuple[int, ...], ...]  # one after each turn but the last
+    seed: int
+
+    def sampling(self, turn: int) -> SamplingParams:
+        """Turn `turn`'s sampling: temperature 1 (the RL setting), exactly its scripted token count, its own seed."""
+        return SamplingParams(temperature=1.0, max_new_tokens=self.turn_tokens[turn], seed=self.seed * 1000 + turn)
+
+
+def demo_trajectories(tokenizer: Any, step: int, problems: int, samples: int, seed: int = 0,
+                      problem_seed: int = 100) -> list[ScriptedTrajectory]:
+    """Step `step`'s rollouts: `problems` of the demo's first-stage problems (synthetic, difficulty 1, train split,
+    seed 100), `samples` trajectories each (a GRPO group shares its prompt), turn counts and lengths drawn from
+    the demo's figures (TURNS, TURN_TOKENS), tool responses rendered as the agent loop appends them."""
+    pool = synthetic_problems(problems * (step + 1), seed=problem_seed, difficulty=1, split="train")
+    rng = np.random.default_rng([seed, step])
+    trajectories = []
+    for group, problem in enumerate(pool[problems * step:]):
+        prompt = tuple(prompt_token_ids(tokenizer, problem.question))
+        for sample in range(samples):
+            turns = int(rng.choice(TURNS, p=TURN_WEIGHTS))
+            tokens = tuple(int(n) for n in rng.integers(TURN_TOKENS[0], TURN_TOKENS[1] + 1, turns))
+            builder = TrajectoryBuilder(tokenizer, list(prompt))
+            builder.add_sampled_turn([0], [0.0])  # any last token but <|im_end|>: a turn closed by </tool_call>
+            outcomes = [FixedOutcome("ok", stdout=f"{rng.integers(1, 10**6)}\n") for _ in range(turns - 1)]
+            responses = tuple(tuple(builder.tool_response_ids([outcome])) for outcome in outcomes)
+            trajectories.append(ScriptedTrajectory(prompt, tokens, responses, (step * problems + group) * samples
+                                                   + sample + seed * 1_000_003))
+    return trajectories
+
+
+async def run_trajectory(engine: GenerationEngine, trajectory: ScriptedTrajectory,
+                         tool_s: float) -> list[Generation]:
+    """Run one scripted trajectory turn by turn as the agent loop does: each turn's prompt is everything so far."""
+    ids, turns = list(trajectory.prompt), []
+    for turn in range(len(trajectory.turn_tokens)):
+        generation = await engine.generate(ids, trajectory.sampling(turn))
+        turns.append(generation)
+        ids += generation.token_ids
+        if turn < len(trajectory.tool_responses):
+            await asyncio.sleep(tool_s)
+            ids += trajectory.tool_responses[turn]
+    return turns
+
+
+def make_router(name: str, engines: Sequence[GenerationEngine]) -> FailoverEngine:
+    """The router over the engines: 'failover' (the demo's: least requests in flight) or 'balancer' (SPEC 6's
+    KV-aware balancer, whose turn affinity sends a trajectory's turns to one engine)."""
+    if name == "failover":
+        return FailoverEngine(engines)
+    if name == "balancer":
+        return Balancer(engines, policy="kv_aware")
+    raise ValueError(f"unknown router {name!r}; choose from {ROUTERS}")
+
+
+async def rollout_phase(engines: Sequence[JaxEngine], router: str, trajectories: Sequence[ScriptedTrajectory],
+                        version: int, params: Params, tool_s: float) -> tuple[float, list[list[Generation]]]:
+    """Push the weights (as the demo's step does, dropping held caches), then run every trajectory at once through
+    a fresh router; (wall seconds of the rollouts, each trajectory's turns)."""
+    await asyncio.gather(*(engine.update_weights(params, version) for engine in engines))
+    front = make_router(router, engines)
+    start = time.perf_counter()
+    turns = await asyncio.gather(*(run_trajectory(front, trajectory, tool_s) for trajectory in trajectories))
+    return time.perf_counter() - start, turns
+
+
+def summed_stats(engines: Sequence[JaxEngine]) -> dict[str, float]:
+    """The engines' `stats` counters added up."""
+    total: dict[str, float] = {}
+    for engine in engines:
+        for key, value in engine.stats().items():
+            total[key] = total.get(key, 0) + value
+    return total
+
+
+def compare_turns(a: Sequence[Sequence[Generation]], b: Sequence[Sequence[Generation]]) -> dict[str, Any]:
+    """Whether two runs of the same trajectories sampled the same tokens, and the largest log-prob difference."""
+    same = all(x.token_ids == y.token_ids for ta, tb in zip(a, b) for x, y in zip(ta, tb))
+    diffs = [float(np.max(np.abs(np.subtract(x.logprobs, y.logprobs)))) for ta, tb in zip(a, b)
+             for x, y in zip(ta, tb) if x.token_ids == y.token_ids and x.logprobs]
+    return {"identical_tokens": same, "max_logprob_diff": max(diffs, default=0.0)}
+
+
+def bench_rollouts(model_dir: Path, steps: int, problems: int, samples: int, jax_engines: int, slots: int,
+                   max_len: int, router: str, tool_s: float, seed: int = 0) -> dict[str, Any]:
+    """The demo's rollout phase with and without turn reuse (REUSE_CONFIGS), alternating step by step on engines
+    built once per configuration; per step and in total: seconds, prefill counters, tokens compared."""
+    if steps < 1 or problems < 1 or samples < 1 or jax_engines < 1:
+        raise ValueError(f"steps, problems, samples and jax_engines must be >= 1, got {steps}, {problems}, "
+                         f"{samples}, {jax_engines}")
+    model = load_hf(model_dir)
+    tokenizer = load_tokenizer(model_dir)
+    engines: dict[str, list[JaxEngine]] = {}
+    warmup_s: dict[str, float] = {}
+    try:
+        for name, reuse in REUSE_CONFIGS.items():
+            start = time.perf_counter()
+            engines[name] = [JaxEngine(model.config, model.params, slots=slots, max_len=max_len, seed=index,
+                                       reuse_turns=reuse) for index in range(jax_engines)]
+            for engine in engines[name]:
+                engine.wait_ready()
+            warmup_s[name] = time.perf_counter() - start
+        per_step = []
+        for step in range(steps):
+            trajectories = demo_trajectories(tokenizer, step, problems, samples, seed)
+            longest = max(len(t.prompt) + sum(t.turn_tokens) + sum(map(len, t.tool_responses)) for t in trajectories)
+            if longest > max_len:
+                raise ValueError(f"a trajectory needs {longest} tokens but max_len={max_len}")
+            order = list(REUSE_CONFIGS) if step % 2 == 0 else list(REUSE_CONFIGS)[::-1]
+            record: dict[str, Any] = {"step": step, "order": order}
+            turns = {}
+            for name in order:
+                before = summed_stats(engines[name])
+                seconds, turns[name] = asyncio.run(rollout_phase(engines[name], router, trajectories, step + 1,
+                                                                 model.params, tool_s))
+                after = summed_stats(engines[name])
+                record[name] = {"seconds": seconds, **{key: after[key] - before[key] for key in after}}
+                print(f"[engine bench] rollout step {step} {name}: {seconds:.2f} s, "
+                      f"{record[name]['prefill_tokens'] / len(trajectories):.0f} prefill tokens a rollout",
+                      file=sys.stderr, flush=True)
+            record.update(compare_turns(*turns.values()))
+            record["trajectories"] = len(trajectories)
+            record["turns"] = sum(len(t.turn_tokens) for t in trajectories)
+            record["generated_tokens"] = sum(sum(t.turn_tokens) for t in trajectories)
+            per_step.append(record)
+        compiled = engines[next(iter(engines))][0].compiled_programs()
+    finally:
+        for group in engines.values():
+            for engine in group:
+                engine.close()
+    rollouts = sum(record["trajectories"] for record in per_step)
+    totals = {}
+    for name in REUSE_CONFIGS:
+        seconds = sum(record[name]["seconds"] for record in per_step)
+        counters = {key: sum(record[name][key] for record in per_step) for key in per_step[0][name] if key != "seconds"}
+        totals[name] = {"seconds": seconds, "seconds_per_step": seconds / steps,
+                        "prefill_tokens_per_rollout": counters["prefill_tokens"] / rollouts,
+                        "padded_prefill_tokens_per_rollout": counters["padded_prefill_tokens"] / rollouts,
+                        "reused_tokens_per_rollout": counters["reused_tokens"] / rollouts, **counters}
+    base, reuse = totals["prefill_each_turn"], totals["reuse_turns"]
+    return {
+        "workload": {"steps": steps, "problems_per_step": problems, "samples": samples, "rollouts": rollouts,
+                     "turns": sum(record["turns"] for record in per_step),
+                     "generated_tokens": sum(record["generated_tokens"] for record in per_step),
+                     "tool_ms": tool_s * 1e3, "turn_weights": dict(zip(map(str, TURNS), TURN_WEIGHTS)),
+                     "turn_tokens": list(TURN_TOKENS)},
+        "engines": {"jax_engines": jax_engines, "slots": slots, "max_len": max_len, "router": router,
+                    "prefill_buckets": list(engines["reuse_turns"][0].buckets),
+                    "turn_buckets": list(engines["reuse_turns"][0].turn_buckets),
+                    "decode_windows": list(engines["reuse_turns"][0].decode_windows),
+                    "park_rows": engines["reuse_turns"][0].park_rows, "warmup_s": warmup_s,
+                    "compiled_programs": compiled},
+        "totals": totals,
+        "speedup": base["seconds"] / reuse["seconds"],
+        "prefill_token_ratio": base["prefill_tokens"] / max(reuse["prefill_tokens"], 1),
+        "padded_prefill_token_ratio": base["padded_prefill_tokens"] / max(reuse["padded_prefill_tokens"], 1),
+        "identical_tokens": all(record["identical_tokens"] for record in per_step),
+        "max_logprob_diff": max(record["max_logprob_diff"] for record in per_step),
+        "per_step": per_step,
+    }
+
+
+def format_rollout_report(result: dict[str, Any]) -> str:
+    """Human-readable summary of a rollout-mode result."""
+    work, engines, totals = result["workload"], result["engines"], result["totals"]
+    lines = [
+        f"demo rollout phase: {work['steps']} steps x {work['problems_per_step']} problems x {work['samples']} "
+        f"rollouts ({work['turns']} turns, {work['generated_tokens']} sampled tokens), {engines['jax_engines']} JAX "
+        f"engines of {engines['slots']} x {engines['max_len']} behind '{engines['router']}'; load average "
+        f"{result['environment']['load_average_1m']:.1f} on {result['environment']['cpu_count']} CPUs",
+        "",
+        "| configuration | rollout s | s / step | engine threads: starting / decoding s | prefill tokens / rollout "
+        "(padded) | reused / rollout | prefills / copies / extensions |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for name, figures in totals.items():
+        lines.append(f"| {name} | {figures['seconds']:.2f} | {figures['seconds_per_step']:.2f} | "
+                     f"{figures['admission_s']:.2f} / {figures['decode_s']:.2f} | "
+                     f"{figures['prefill_tokens_per_rollout']:.0f} ({figures['padded_prefill_tokens_per_rollout']:.0f})"
+                     f" | {figures['reused_tokens_per_rollout']:.0f} | {figures['prefills']} / {figures['copies']} / "
+                     f"{figures['extends']} |")
+    lines += ["", f"rollout phase {result['speedup']:.2f}x faster with reuse; prefill tokens "
+                  f"{result['prefill_token_ratio']:.2f}x fewer (padded {result['padded_prefill_token_ratio']:.2f}x); "
+                  f"identical tokens: {result['identical_tokens']}, max log-prob difference "
+                  f"{result['max_logprob_diff']:.2e}"]
+    return "\n".join(lines)
+
+
+def environment() -> dict[str, Any]:
+    """Library versions and the machine's load."""
+    return {"jax": jax.__version__, "torch": torch.__version__, "transformers": transformers.__version__,
+            "jax_backend": jax.default_backend(), "cpu_count": os.cpu_count(), "load_average_1m": os.getloadavg()[0],
+            "machine": platform.machine(), "python": platform.python_version()}
+
+
 def progress(name: str, figures: dict[str, Any]) -> None:
     """One line on stderr as each engine finishes (a full run takes minutes)."""
     print(f"[engine bench] {name}: {figures['tokens_per_s']:.1f} tokens/s", file=sys.stderr, flush=True)
@@ -291,10 +520,7 @@ def run_benchmark(model_dir: Path, engines: Sequence[str], mix: RequestMix, slot
                         "requested_tokens": mix.requested_tokens},
         "throughput": with_ratios(results),
         "weight_sync": sync,
-        "environment": {"jax": jax.__version__, "torch": torch.__version__, "transformers": transformers.__version__,
-                        "jax_backend": jax.default_backend(), "cpu_count": os.cpu_count(),
-                        "load_average_1m": os.getloadavg()[0], "machine": platform.machine(),
-                        "python": platform.python_version()},
+        "environment": environment(),
     }
 
 
@@ -331,6 +557,9 @@ def format_report(result: dict[str, Any]) -> str:
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     """Command-line entry point: build (or read) the model, run the engines, print the table, maybe write JSON."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--mode", default="throughput", choices=MODES,
+                        help="throughput: engines on one request mix; rollout: the demo's rollout phase with and "
+                             "without turn reuse")
     parser.add_argument("--engines", default=",".join(ENGINES), help=f"comma-separated subset of {ENGINES}")
     parser.add_argument("--model_dir", help="a Hugging Face folder; default: build the tiny demo model from gin")
     parser.add_argument("--requests", type=int, default=32)
@@ -348,16 +577,34 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--gin_file", action="append", default=[], help="gin files (the built model, JaxEngine)")
     parser.add_argument("--gin_param", action="append", default=[],
                         help="e.g. 'ModelConfig.num_layers = 2' or 'JaxEngine.decode_steps = 8'")
+    parser.add_argument("--steps", type=int, default=4, help="rollout mode: RL steps' rollout phases per config")
+    parser.add_argument("--problems", type=int, default=12, help="rollout mode: problems a step (the demo's)")
+    parser.add_argument("--samples", type=int, default=8, help="rollout mode: rollouts a problem (the demo's 2G)")
+    parser.add_argument("--jax_engines", type=int, default=2, help="rollout mode: JAX engines (the demo's)")
+    parser.add_argument("--router", default="failover", choices=ROUTERS, help="rollout mode: router (the demo's)")
+    parser.add_argument("--tool_ms", type=float, default=15.0, help="rollout mode: each tool call's latency")
     parser.add_argument("--json", dest="json_path", help="write every figure to this JSON file")
     args = parser.parse_args(argv)
     engines = [name.strip() for name in args.engines.split(",") if name.strip()]
     parse_gin([TINY_MODEL_GIN, *args.gin_file], args.gin_param)
+    if args.mode == "rollout":  # the demo's engine shapes; its other bindings (trainer, evaluation) do not apply
+        gin.parse_config_files_and_bindings([str(Path(__file__).parents[2] / "gin" / DEMO_GIN)], args.gin_param,
+                                            skip_unknown=True, finalize_config=False)
     with tempfile.TemporaryDirectory(prefix="engine-bench-") as scratch:
         if args.model_dir:
             model_dir = Path(args.model_dir)
         else:
             model_dir = Path(scratch) / "model"
             make_tiny_model(model_dir, args.seed)
+        if args.mode == "rollout":
+            result = bench_rollouts(model_dir, args.steps, args.problems, args.samples, args.jax_engines, args.slots,
+                                    args.max_len, args.router, args.tool_ms / 1e3, args.seed)
+            result["model"] = load_hf(model_dir).config.to_hf_dict()
+            result["environment"] = environment()
+            print(format_rollout_report(result))
+            if args.json_path:
+                Path(args.json_path).write_text(json.dumps(result, indent=2) + "\n")
+            return result
         vocab_size = load_hf(model_dir).config.vocab_size
         mix = request_mix(args.requests, args.min_prompt, args.max_prompt, args.new_tokens, vocab_size, args.seed)
         result = run_benchmark(model_dir, engines, mix, args.slots, args.max_len, args.sync_repeats,

@@ -31,6 +31,7 @@ import dataclasses
 import logging
 import os
 import threading
+import time
 from typing import Any, Callable, Sequence
 
 import gin
@@ -125,6 +126,8 @@ class JaxEngine:
         self.unparked = 0  # park-store rows copied back into a slot
         self.evicted = 0  # held caches overwritten (least recently used)
         self.invalidations = 0  # weight updates that dropped every held cache
+        self.admission_s = 0.0  # the stepping thread's seconds starting requests (prefills, copies, extensions)
+        self.decode_s = 0.0  # and decoding
         self._waiting: collections.deque[Request] = collections.deque()
         self._seed_rng = np.random.default_rng(seed)
         self._cond = threading.Condition()
@@ -201,13 +204,15 @@ class JaxEngine:
                 "copy": clone_and_sample._cache_size(), "extend": extend_and_sample._cache_size(),
                 "park": copy_row._cache_size()}
 
-    def stats(self) -> dict[str, int]:
+    def stats(self) -> dict[str, float]:
         """How requests started since the engine did: counts of prefills, copies and extensions, prompt tokens
-        prefilled (real and padded) and reused from the cache, and the park store's traffic."""
+        prefilled (real and padded) and reused from the cache, the park store's traffic, and the stepping thread's
+        seconds starting requests and decoding."""
         return {"prefills": self.prefills, "copies": self.copies, "extends": self.extends,
                 "prefill_tokens": self.prefill_tokens, "padded_prefill_tokens": self.padded_prefill_tokens,
                 "reused_tokens": self.reused_tokens, "parked": self.parked, "unparked": self.unparked,
-                "evicted": self.evicted, "invalidations": self.invalidations}
+                "evicted": self.evicted, "invalidations": self.invalidations, "admission_s": self.admission_s,
+                "decode_s": self.decode_s}
 
     def close(self) -> None:
         """Stop the stepping thread; requests not yet finished get EngineUnavailable. Idempotent."""
@@ -229,9 +234,13 @@ class JaxEngine:
                 admitted = self._next_admissions()
                 if admitted is None:
                     break
+                began = time.perf_counter()
                 finished = [done for request in admitted for done in self._admit(request)]
+                admitted_at = time.perf_counter()
+                self.admission_s += admitted_at - began
                 if self._table.running:
                     finished += self._decode()
+                    self.decode_s += time.perf_counter() - admitted_at
                 self._publish_capacity()  # before delivering, so a caller woken by its result sees its slot free
                 for request, finish_reason in finished:
                     request.deliver(request.generation(finish_reason))

@@ -1,6 +1,7 @@
 """experiments/bench/engine.py: the request mix, ratio and sync arithmetic by hand, and a real run of the JAX engine
 against transformers' generate on a one-layer model that writes every figure to JSON (vLLM is left to the full
-benchmark: its server start alone takes minutes here; tests/rollout/test_vllm_fleet.py covers the fleet)."""
+benchmark: its server start alone takes minutes here; tests/rollout/test_vllm_fleet.py covers the fleet); the
+rollout mode's scripted demo trajectories, and a real run of it (with and without turn reuse) on a one-layer model."""
 
 import json
 
@@ -8,6 +9,7 @@ import gin
 import pytest
 
 from experiments.bench import engine as bench
+from rstar_jax.tokenizers import load_tokenizer
 
 
 @pytest.fixture
@@ -74,3 +76,58 @@ def test_jax_and_transformers_run_writes_every_figure(tmp_path, clean_gin):
     sync = result["weight_sync"]["jax"]
     assert sync["megabytes"] == pytest.approx(result["model"]["param_count"] * 4 / 1e6)  # float32
     assert len(sync["seconds"]) == 2 and sync["seconds_per_mb"] > 0
+
+
+def test_demo_trajectories_are_seeded_groups_of_the_demos_prompts():
+    tokenizer = load_tokenizer("tiny")
+    step0 = bench.demo_trajectories(tokenizer, 0, problems=3, samples=4, seed=1)
+    assert step0 == bench.demo_trajectories(tokenizer, 0, problems=3, samples=4, seed=1)
+    step1 = bench.demo_trajectories(tokenizer, 1, problems=3, samples=4, seed=1)
+    assert len(step0) == len(step1) == 12 and {t.prompt for t in step0}.isdisjoint({t.prompt for t in step1})
+    assert len({t.seed for t in step0 + step1}) == 24
+    for group in range(3):
+        assert len({t.prompt for t in step0[group * 4:group * 4 + 4]}) == 1  # a GRPO group shares its prompt
+    header = tokenizer.encode("<|im_end|>\n<|im_start|>assistant\n", add_special_tokens=False)
+    for trajectory in step0 + step1:
+        assert 250 < len(trajectory.prompt) < 320
+        assert 1 <= len(trajectory.turn_tokens) <= 3
+        assert len(trajectory.tool_responses) == len(trajectory.turn_tokens) - 1
+        assert all(bench.TURN_TOKENS[0] <= n <= bench.TURN_TOKENS[1] for n in trajectory.turn_tokens)
+        for response in trajectory.tool_responses:
+            assert response[0] == header[0] and list(response[-len(header) + 1:]) == header[1:]
+            assert 20 < len(response) < 40
+    multi = next(t for t in step0 if len(t.turn_tokens) > 1)
+    sampling = multi.sampling(1)
+    assert (sampling.temperature, sampling.max_new_tokens, sampling.stop_token_ids) == (1.0, multi.turn_tokens[1], ())
+    assert sampling.seed != multi.sampling(0).seed
+
+
+def test_rollout_routers():
+    assert type(bench.make_router("failover", [object()])).__name__ == "FailoverEngine"
+    assert type(bench.make_router("balancer", [object()])).__name__ == "Balancer"
+    with pytest.raises(ValueError, match="unknown router 'random'"):
+        bench.make_router("random", [object()])
+
+
+@pytest.mark.slow
+def test_rollout_mode_compares_reuse_with_prefilling_every_turn(tmp_path, clean_gin):
+    out = tmp_path / "rollout.json"
+    bindings = ["ModelConfig.num_layers = 1", "ModelConfig.hidden_size = 64", "ModelConfig.intermediate_size = 96",
+                "ModelConfig.num_heads = 2", "ModelConfig.num_kv_heads = 2", "JaxEngine.prefill_buckets = (1024,)",
+                "JaxEngine.decode_windows = (1024,)", "JaxEngine.turn_buckets = (32, 128)"]
+    result = bench.main(["--mode", "rollout", "--steps", "2", "--problems", "2", "--samples", "2", "--slots", "2",
+                         "--router", "balancer", "--tool_ms", "1",
+                         *[arg for binding in bindings for arg in ("--gin_param", binding)], "--json", str(out)])
+    assert json.loads(out.read_text()) == result
+    assert result["engines"]["prefill_buckets"] == [1024] and result["engines"]["turn_buckets"] == [32, 128]
+    assert [step["order"] for step in result["per_step"]] == [["prefill_each_turn", "reuse_turns"],
+                                                               ["reuse_turns", "prefill_each_turn"]]
+    assert result["identical_tokens"] and result["max_logprob_diff"] < 1e-4
+    base, reuse = result["totals"]["prefill_each_turn"], result["totals"]["reuse_turns"]
+    assert result["workload"]["rollouts"] == 8 and base["extends"] == 0 and reuse["extends"] > 0
+    turns = result["workload"]["turns"]
+    assert base["prefills"] + base["copies"] == reuse["prefills"] + reuse["copies"] + reuse["extends"] == turns
+    assert reuse["prefill_tokens"] < base["prefill_tokens"]
+    assert result["prefill_token_ratio"] == pytest.approx(base["prefill_tokens"] / reuse["prefill_tokens"])
+    assert result["speedup"] == pytest.approx(base["seconds"] / reuse["seconds"])
+    assert base["prefill_tokens_per_rollout"] == pytest.approx(base["prefill_tokens"] / 8)
