@@ -5,6 +5,7 @@ mean ± sample sd over seeds.
 
     python -m experiments.ablate --model DIR_OR_TEMPLATE --out GRID [--arms roc_paper roc_release penalty grpo]
         [--lambdas 0.25 0.5 1.0] [--seeds 0 1 2] [--gin_file ...] [--gin_param ...] [--report_dir DIR] [--report_only]
+        [--executor local|slurm [--slurm_partition P --slurm_time_min M --slurm_cpus C --slurm_gpus G ...]]
 
 --model may hold "{seed}" (e.g. /tmp/exp/seed{seed}/sft/model, the demo's SFT model of each seed): each seed then
 starts from its own model. Each seed binds RLSettings.seed; each arm binds make_selector.algorithm and
@@ -12,7 +13,8 @@ RocSelector.mode or PenaltySelector.penalty_lambda over the base (default: the d
 rollouts per prompt and keeps G, the baselines sample G). Built on the sweep's machinery: GRID/points/ARM__seedN/
 per run (experiments.train's run folder, operative_config.gin, summary.json written last), GRID/start_eval/ (each
 start model evaluated once), GRID/grid.json, and report.md, report.json, curves.png, heldout.png in GRID (or
---report_dir). A rerun skips finished runs and resumes interrupted ones from their last checkpoint.
+--report_dir). A rerun skips finished runs and resumes interrupted ones from their last checkpoint. Runs hold exclusive
+claims and `--executor slurm` submits the unfinished ones as one SLURM job array, as in experiments.sweep.
 
 The real CPU ablation: 6 arms x 3 seeds = 18 runs of the demo's 10 RL steps, each seed from its demo SFT model
 (`python -m experiments.demo --out /tmp/exp/seedN --seed N`). Estimated 2 h of 2 quiet cores: a RoC run ~7.5 min

@@ -4,6 +4,7 @@ one model, each followed by the held-out evaluation, then a comparison table and
 
     python -m experiments.sweep --model DIR --out GRID --grid 'KEY=[v1, v2, ...]' [--grid ...] [--grid_file F.json]
         [--seeds 0 1 2] [--gin_file ...] [--gin_param ...] [--report_dir DIR] [--report_only]
+        [--executor local|slurm [--slurm_partition P --slurm_time_min M --slurm_cpus C --slurm_gpus G ...]]
 
 Grid axes: `--grid 'short/Stage.max_response_tokens=[256, 384]' --grid 'RLSettings.group_size=[2, 4]'` (each value
 gin text: `'grpo'` for a string, `(64, 128)`, `@a/Stage()`), and/or a JSON file {"axes": {AXIS: VALUES}}: VALUES a
@@ -18,7 +19,11 @@ written last: a point is finished when it exists). GRID/start_eval/ caches the s
 records the grid, and GRID (or --report_dir) gets report.md, report.json, curves.png (per-step accuracy, tool-error
 ratio in correct trajectories, response length, tool calls) and heldout.png. Each point runs in its own process (gin
 is global state). A rerun with the same arguments skips finished points and resumes interrupted ones from their last
-checkpoint; a point folder holding other bindings is refused.
+checkpoint; a point folder holding other bindings is refused. Each point runs under an exclusive claim (GRID/points/
+NAME/claim.N.json: job id, host, pid, heartbeat), so two sweeps on one GRID never run one point, and a dead worker's
+point is taken over once its heartbeat is --claim_timeout_s old. `--executor slurm` submits every unfinished point as
+one task of a SLURM job array (submitit; task files in GRID/slurm/), waits for it and writes the report; the
+compute nodes must see this checkout, its .venv and GRID at the same paths.
 
 The real stage-length sweep on the CPU demo (3 schedules x the demo's 10 RL steps, from seed 0's demo SFT model,
 made by `python -m experiments.demo --out /tmp/exp/seed0 --seed 0`); estimated 25-30 min of 2 quiet cores (per
