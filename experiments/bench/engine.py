@@ -343,14 +343,15 @@ def make_router(name: str, engines: Sequence[GenerationEngine]) -> FailoverEngin
 
 
 async def rollout_phase(engines: Sequence[JaxEngine], router: str, trajectories: Sequence[ScriptedTrajectory],
-                        version: int, params: Params, tool_s: float) -> tuple[float, list[list[Generation]]]:
+                        version: int, params: Params, tool_s: float) -> tuple[float, float, list[list[Generation]]]:
     """Push the weights (as the demo's step does, dropping held caches), then run every trajectory at once through
-    a fresh router; (wall seconds of the rollouts, each trajectory's turns)."""
+    a fresh router; (wall seconds of the rollouts, this process's CPU seconds meanwhile, each trajectory's turns).
+    CPU seconds say what the work cost when other processes share the cores (wall seconds then depend on them)."""
     await asyncio.gather(*(engine.update_weights(params, version) for engine in engines))
     front = make_router(router, engines)
-    start = time.perf_counter()
+    start, cpu_start = time.perf_counter(), time.process_time()
     turns = await asyncio.gather(*(run_trajectory(front, trajectory, tool_s) for trajectory in trajectories))
-    return time.perf_counter() - start, turns
+    return time.perf_counter() - start, time.process_time() - cpu_start, turns
 
 
 def summed_stats(engines: Sequence[JaxEngine]) -> dict[str, float]:
@@ -400,13 +401,16 @@ def bench_rollouts(model_dir: Path, steps: int, problems: int, samples: int, jax
             turns = {}
             for name in order:
                 before = summed_stats(engines[name])
-                seconds, turns[name] = asyncio.run(rollout_phase(engines[name], router, trajectories, step + 1,
-                                                                 model.params, tool_s))
+                seconds, cpu_s, turns[name] = asyncio.run(rollout_phase(engines[name], router, trajectories, step + 1,
+                                                                        model.params, tool_s))
                 after = summed_stats(engines[name])
-                record[name] = {"seconds": seconds, **{key: after[key] - before[key] for key in after}}
+                record[name] = {"seconds": seconds, "cpu_s": cpu_s, "load_average_1m": os.getloadavg()[0],
+                                **{key: after[key] - before[key] for key in after}}
                 print(f"[engine bench] rollout step {step} {name}: {seconds:.2f} s, "
                       f"{record[name]['prefill_tokens'] / len(trajectories):.0f} prefill tokens a rollout",
                       file=sys.stderr, flush=True)
+            record["speedup"] = record["prefill_each_turn"]["seconds"] / record["reuse_turns"]["seconds"]
+            record["cpu_speedup"] = record["prefill_each_turn"]["cpu_s"] / record["reuse_turns"]["cpu_s"]
             record.update(compare_turns(*turns.values()))
             record["trajectories"] = len(trajectories)
             record["turns"] = sum(len(t.turn_tokens) for t in trajectories)
@@ -421,7 +425,8 @@ def bench_rollouts(model_dir: Path, steps: int, problems: int, samples: int, jax
     totals = {}
     for name in REUSE_CONFIGS:
         seconds = sum(record[name]["seconds"] for record in per_step)
-        counters = {key: sum(record[name][key] for record in per_step) for key in per_step[0][name] if key != "seconds"}
+        counters = {key: sum(record[name][key] for record in per_step) for key in per_step[0][name]
+                    if key not in ("seconds", "load_average_1m")}
         totals[name] = {"seconds": seconds, "seconds_per_step": seconds / steps,
                         "prefill_tokens_per_rollout": counters["prefill_tokens"] / rollouts,
                         "padded_prefill_tokens_per_rollout": counters["padded_prefill_tokens"] / rollouts,
@@ -441,6 +446,9 @@ def bench_rollouts(model_dir: Path, steps: int, problems: int, samples: int, jax
                     "compiled_programs": compiled},
         "totals": totals,
         "speedup": base["seconds"] / reuse["seconds"],
+        "speedup_per_step": [record["speedup"] for record in per_step],
+        "median_step_speedup": statistics.median(record["speedup"] for record in per_step),
+        "cpu_speedup": base["cpu_s"] / reuse["cpu_s"],
         "prefill_token_ratio": base["prefill_tokens"] / max(reuse["prefill_tokens"], 1),
         "padded_prefill_token_ratio": base["padded_prefill_tokens"] / max(reuse["padded_prefill_tokens"], 1),
         "identical_tokens": all(record["identical_tokens"] for record in per_step),
@@ -458,17 +466,19 @@ def format_rollout_report(result: dict[str, Any]) -> str:
         f"engines of {engines['slots']} x {engines['max_len']} behind '{engines['router']}'; load average "
         f"{result['environment']['load_average_1m']:.1f} on {result['environment']['cpu_count']} CPUs",
         "",
-        "| configuration | rollout s | s / step | engine threads: starting / decoding s | prefill tokens / rollout "
-        "(padded) | reused / rollout | prefills / copies / extensions |",
-        "|---|---|---|---|---|---|---|",
+        "| configuration | rollout s | s / step | CPU s | engine threads: starting / decoding s | prefill tokens / "
+        "rollout (padded) | reused / rollout | prefills / copies / extensions |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for name, figures in totals.items():
         lines.append(f"| {name} | {figures['seconds']:.2f} | {figures['seconds_per_step']:.2f} | "
-                     f"{figures['admission_s']:.2f} / {figures['decode_s']:.2f} | "
+                     f"{figures['cpu_s']:.1f} | {figures['admission_s']:.2f} / {figures['decode_s']:.2f} | "
                      f"{figures['prefill_tokens_per_rollout']:.0f} ({figures['padded_prefill_tokens_per_rollout']:.0f})"
                      f" | {figures['reused_tokens_per_rollout']:.0f} | {figures['prefills']} / {figures['copies']} / "
                      f"{figures['extends']} |")
-    lines += ["", f"rollout phase {result['speedup']:.2f}x faster with reuse; prefill tokens "
+    lines += ["", f"rollout phase {result['speedup']:.2f}x faster with reuse (steps: "
+                  f"{', '.join(f'{ratio:.2f}x' for ratio in result['speedup_per_step'])}; CPU seconds "
+                  f"{result['cpu_speedup']:.2f}x fewer); prefill tokens "
                   f"{result['prefill_token_ratio']:.2f}x fewer (padded {result['padded_prefill_token_ratio']:.2f}x); "
                   f"identical tokens: {result['identical_tokens']}, max log-prob difference "
                   f"{result['max_logprob_diff']:.2e}"]

@@ -130,4 +130,7 @@ def test_rollout_mode_compares_reuse_with_prefilling_every_turn(tmp_path, clean_
     assert reuse["prefill_tokens"] < base["prefill_tokens"]
     assert result["prefill_token_ratio"] == pytest.approx(base["prefill_tokens"] / reuse["prefill_tokens"])
     assert result["speedup"] == pytest.approx(base["seconds"] / reuse["seconds"])
+    assert result["cpu_speedup"] == pytest.approx(base["cpu_s"] / reuse["cpu_s"]) and reuse["cpu_s"] > 0
+    assert result["speedup_per_step"] == [step["prefill_each_turn"]["seconds"] / step["reuse_turns"]["seconds"]
+                                          for step in result["per_step"]]
     assert base["prefill_tokens_per_rollout"] == pytest.approx(base["prefill_tokens"] / 8)
