@@ -241,12 +241,6 @@ class CacheMemo:
         entry, held = self._logits[row], self._tokens[row]
         return entry is not None and entry[0] == len(prompt) and np.array_equal(held[:len(prompt)], prompt)
 
-    def continues(self, prompt: np.ndarray, rows: Sequence[int]) -> bool:
-        """Whether `prompt` extends all the tokens one of `rows` holds (the next turn of a trajectory parked there)."""
-        data = prompt.tobytes()
-        return any(held is not None and len(held) < len(prompt) and data.startswith(held.tobytes())
-                   for held in (self._tokens[row] for row in rows))
-
     def victim(self, rows: Sequence[int]) -> int:
         """The row of `rows` to overwrite: one that holds nothing (the first), else the least recently used."""
         empty = [row for row in rows if self._tokens[row] is None]

@@ -261,7 +261,7 @@ def test_reuse_knobs_are_validated(params):
         JaxEngine(CONFIG, params, slots=SLOTS, max_len=MAX_LEN, turn_buckets=(8, 128), warmup=False)
     engine = JaxEngine(CONFIG, params, slots=SLOTS, max_len=MAX_LEN, decode_windows=WINDOWS, warmup=False)
     try:
-        assert (engine.reuse_turns, engine.turn_buckets, engine.park_rows) == (True, (16, 32, 64), SLOTS)
+        assert (engine.reuse_turns, engine.turn_buckets, engine.park_rows) == (True, (16, 32, 64), 2 * SLOTS)
     finally:
         engine.close()
     engine = JaxEngine(CONFIG, params, slots=SLOTS, max_len=MAX_LEN, decode_windows=WINDOWS, reuse_turns=False,

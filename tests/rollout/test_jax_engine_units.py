@@ -230,16 +230,6 @@ def test_cache_memo_grows_a_slot_only_while_its_entry_is_valid():
     assert memo.tokens(0) is None
 
 
-def test_cache_memo_finds_the_turns_that_continue_a_parked_row():
-    memo = CacheMemo(slots=2, park_rows=1)
-    memo.hold(0, ids(1, 2, 3), None)
-    memo.hold(2, ids(7, 300), None)
-    assert memo.continues(ids(1, 2, 3, 4), [0, 1, 2])
-    assert memo.continues(ids(7, 300, 1), [2]) and not memo.continues(ids(7, 300, 1), [0, 1])
-    assert not memo.continues(ids(1, 2, 3), [0])  # the same tokens: nothing new to continue with
-    assert not memo.continues(ids(1, 2), [0]) and not memo.continues(ids(7, 44, 1), [2])
-
-
 def test_common_prefix_and_suffix_chunks():
     assert common_prefix(ids(1, 2, 3), ids(1, 2, 4, 5)) == 2
     assert common_prefix(ids(1, 2), ids(1, 2, 4)) == 2 and common_prefix(ids(3), ids(1)) == 0
