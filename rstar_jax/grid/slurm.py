@@ -15,13 +15,16 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import importlib
+import logging
+import os
 import subprocess
+import sys
 import time
 import traceback
 from pathlib import Path
+from types import ModuleType
 from typing import Any, Mapping, Sequence
-
-import submitit
 
 from rstar_jax.console import say
 from rstar_jax.grid.points import Point
@@ -29,6 +32,27 @@ from rstar_jax.grid.runner import (ClaimTiming, GridOutcome, Outcome, PointComma
                                    run_dir, run_point)
 
 SLURM_DIR = "slurm"
+
+
+def _import_submitit() -> ModuleType:
+    """submitit configures logging when imported (logging.config.dictConfig), which closes every logging handler the
+    process already has (an application's log file; absl's handler then closes the stream it writes to, which broke
+    pytest's captured stderr). Imported with SUBMITIT_LOG_LEVEL=NOCONFIG instead (unless set), its logger gets a
+    warnings-to-stderr handler of its own. The tasks import submitit themselves, configured as usual."""
+    if "submitit" in sys.modules or "SUBMITIT_LOG_LEVEL" in os.environ:
+        return importlib.import_module("submitit")
+    os.environ["SUBMITIT_LOG_LEVEL"] = "NOCONFIG"
+    try:
+        module = importlib.import_module("submitit")
+    finally:
+        del os.environ["SUBMITIT_LOG_LEVEL"]
+    logger = logging.getLogger("submitit")
+    logger.addHandler(logging.StreamHandler())
+    logger.setLevel(logging.WARNING)
+    return module
+
+
+submitit = _import_submitit()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -172,4 +196,7 @@ def run_points_on_slurm(points: Sequence[Point], grid_dir: str | Path, command: 
                 break
             gone_since = gone_since or time.monotonic()
         time.sleep(min(settings.poll_s, 2.0) if gone_since else settings.poll_s)
+    order = {point.name: index for index, point in enumerate(points)}
+    for names in (outcome.finished, outcome.failed, outcome.busy):
+        names.sort(key=order.__getitem__)  # in the grid's order, not the order the tasks ended in
     return outcome
