@@ -63,3 +63,16 @@ def test_a_two_point_sweep_runs_as_a_slurm_job_array(slurm_cluster: SlurmCluster
     assert main(arguments) == 0
     output = capfd.readouterr().out
     assert output.count("finished before, skipped") == 2 and "submitted" not in output
+
+
+def test_without_root_or_apt_the_cluster_fixture_says_why(monkeypatch: pytest.MonkeyPatch) -> None:
+    from tests import slurm_cluster as module
+
+    monkeypatch.setattr(module.os, "geteuid", lambda: 1000)
+    assert "needs root" in module.why_no_cluster() and "uid 1000" in module.why_no_cluster()
+    monkeypatch.setattr(module.os, "geteuid", lambda: 0)
+    monkeypatch.setattr(module.shutil, "which", lambda name: None)
+    reason = module.why_no_cluster()
+    assert "SLURM is not installed (munged, slurmctld" in reason and "no apt-get to install" in reason
+    monkeypatch.setattr(module.shutil, "which", lambda name: f"/usr/bin/{name}")
+    assert module.why_no_cluster() is None
