@@ -34,6 +34,7 @@ from rstar_jax.eval.heldout import HeldOutEval
 from rstar_jax.model import load_hf
 from rstar_jax.model.folder import save_model_folder
 from rstar_jax.parallel.gpu_placement import apply_learner_devices, learner_devices
+from rstar_jax.parallel.multihost import is_driver
 from rstar_jax.processes import running_sandbox
 from rstar_jax.reward import VerifierPool
 from rstar_jax.rollout.backends import RolloutBackend
@@ -53,8 +54,10 @@ def distributed(initialize: bool = False, coordinator_address: str | None = None
                 process_id: int | None = None) -> None:
     """Multi-host JAX (DESIGN "Scale-out"): with `initialize`, call `jax.distributed.initialize` before anything
     touches a device, so `jax.devices()` (and the mesh) spans every host's devices. The arguments left None are
-    found by JAX from the cluster environment (SLURM, Open MPI, Kubernetes/GKE, Cloud TPU)."""
+    found by JAX from the cluster environment (SLURM, Open MPI, Kubernetes/GKE, Cloud TPU). CPU collectives across
+    processes go through gloo (the local multi-process tests; GPUs use NCCL regardless)."""
     if initialize:
+        jax.config.update("jax_cpu_collectives_implementation", "gloo")
         jax.distributed.initialize(coordinator_address=coordinator_address, num_processes=num_processes,
                                    process_id=process_id)
 
@@ -113,11 +116,18 @@ def main(argv: Sequence[str] | None = None) -> Path | int:
     mesh = setup.mesh()
     model = load_hf(args.model, mesh=mesh)  # straight into its shards; precision from gin (recipe: f32 / bf16)
     config = model.config
-    with log_to(out / "train.log"), VerifierPool() as verifier, contextlib.ExitStack() as stack:
+    driver = is_driver()  # process 0 of a multi-process learner (always, in one process) drives the run
+    log_file = out / ("train.log" if driver else f"train.process{jax.process_index()}.log")
+    with log_to(log_file), contextlib.ExitStack() as stack:
         trainer = RLTrainer(out, config, model.params, args.model, setup, mesh)
         del model  # the trainer's state takes the parameters over: no second copy stays on the devices
-        sandbox_urls = args.sandbox_url or [stack.enter_context(running_sandbox(["--workers", "2"])).url]
+        verifier, sandbox_urls = None, args.sandbox_url
+        if driver:
+            verifier = stack.enter_context(VerifierPool())
+            sandbox_urls = sandbox_urls or [stack.enter_context(running_sandbox(["--workers", "2"])).url]
         params = trainer.run(sandbox_urls, verifier)
+        if not driver:
+            return out / "model"
         folder = save_model_folder(config, params, out / "model", args.model)
         plot_metrics(read_metrics(out / "metrics.jsonl"), out / "plots", "RL")
         write_operative_config(out)

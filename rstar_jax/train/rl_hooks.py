@@ -5,7 +5,10 @@ stage's kept problems, the train state, the KL reference and the stage's prompt 
 trainer calls its hooks in order with a `StepEvent`; checkpointing, the metrics log and the progress line are
 hooks like any a user adds (`RLTrainer(hooks=...)` or `RLTrainer.add_hook`), so adding one (an evaluation every
 N steps, a plot, an alert) never means editing the loop. A hook may add figures to `event.metrics`; the metrics
-hook runs last but one, so they are logged.
+hook runs last but one, so they are logged. A learner over several JAX processes runs the checkpoint hook and the
+user's hooks on every process (a checkpoint is written by all; a hook with host-side effects checks
+`multihost.is_driver()`: only the driver's metrics hold the rollouts' figures) and the metrics and progress hooks on
+the driver alone.
 """
 
 from __future__ import annotations

@@ -15,12 +15,14 @@ from typing import Sequence
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from rstar_jax.model import ModelConfig, positions_from_mask, token_logprobs, token_logprobs_and_entropy
 from rstar_jax.model.lm import Params
 from rstar_jax.parallel import activation_sharding, use_mesh
+from rstar_jax.parallel.multihost import multi_process, place
 from rstar_jax.rl.losses import PolicyLossOptions, policy_loss
 from rstar_jax.train.rl_batch import RLBatch, batch_totals
 from rstar_jax.train.sft import batch_shardings
@@ -63,8 +65,8 @@ class RLLearner:
             raise ValueError(f"logprob_chunk must be >= 1, got {logprob_chunk}")
         self.config, self.mesh, self.rows, self.loss, self.chunk = config, mesh, rows, loss, logprob_chunk
         params_sharding = state_shardings.params
-        batch_sharding = rl_batch_shardings(mesh, rows)
-        replicated = NamedSharding(mesh, PartitionSpec())
+        batch_sharding = self._batch_sharding = rl_batch_shardings(mesh, rows)
+        replicated = self._replicated = NamedSharding(mesh, PartitionSpec())
         self._logprobs = jax.jit(self._policy_logprobs, in_shardings=(params_sharding, batch_sharding),
                                  out_shardings=batch_sharding.old_logprobs)
         # Per `on_policy` (static): the first micro-batch's gradient, and one more added to the running sums.
@@ -127,6 +129,14 @@ class RLLearner:
         grads_sum, metrics_sum = accumulated
         return jax.tree.map(jnp.add, grads_sum, grads), jax.tree.map(jnp.add, metrics_sum, metrics)
 
+    def _on_mesh(self, batch: RLBatch) -> RLBatch:
+        """`batch` with its numpy leaves as global arrays when the learner spans several processes (jit takes numpy
+        input only when every device is this process's; each process places its own shards of the whole batch)."""
+        if not multi_process():
+            return batch
+        return jax.tree.map(lambda leaf, sharding: place(leaf, sharding) if isinstance(leaf, np.ndarray) else leaf,
+                            batch, self._batch_sharding)
+
     def _check(self, batches: Sequence[RLBatch]) -> None:
         if not batches:
             raise ValueError("an RL update needs at least one micro-batch")
@@ -137,7 +147,7 @@ class RLLearner:
     def policy_logprobs(self, params: Params, batches: Sequence[RLBatch]) -> list[jax.Array]:
         """log p of every target token of each micro-batch under `params` (the learner's own forward)."""
         self._check(batches)
-        return [self._logprobs(params, batch) for batch in batches]
+        return [self._logprobs(params, self._on_mesh(batch)) for batch in batches]
 
     def with_policy_logprobs(self, params: Params, batches: Sequence[RLBatch],
                              reference: Params | None = None) -> list[RLBatch]:
@@ -162,7 +172,10 @@ class RLLearner:
         if on_policy and self.loss.needs_reference:
             raise ValueError("a KL term needs the reference log-probs: fill them in with with_policy_logprobs")
         tokens, sequences = batch_totals(batches)
-        totals = jnp.asarray([tokens, sequences], jnp.float32)
+        totals = np.asarray([tokens, sequences], np.float32)
+        if multi_process():
+            totals = place(totals, self._replicated)
+        batches = [self._on_mesh(batch) for batch in batches]
         accumulated = self._first[on_policy](state.params, batches[0], totals)
         for batch in batches[1:]:
             accumulated = self._accumulate[on_policy](state.params, accumulated, batch, totals)

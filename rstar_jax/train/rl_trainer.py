@@ -8,7 +8,9 @@ learner's old log-probs and update(s) -> weights pushed to every engine -> the s
 checkpoint, metrics as JSONL + TensorBoard, the progress line, and any a user adds). Every random choice derives
 from the run's seed and the step, and checkpoints hold the iterator, so a killed run rerun with the same command
 continues exactly as the uninterrupted run would have. Everything the run is built from comes in as objects
-(`RLSetup`, built from gin at the entry points by `rl_setup`); nothing here reads gin.
+(`RLSetup`, built from gin at the entry points by `rl_setup`); nothing here reads gin. Over several JAX processes
+(`jax.distributed`) every process runs this loop on its own shards; process 0, the driver, alone rolls out,
+verifies, selects and filters, and broadcasts each step's batch (`rstar_jax.parallel.multihost`).
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from rstar_jax.data.pipeline import prompt_batches
 from rstar_jax.data.problem import Problem
 from rstar_jax.model import ModelConfig
 from rstar_jax.model.lm import Params
+from rstar_jax.parallel.multihost import host_copy, is_driver, multi_process, share, share_arrays
 from rstar_jax.reward.verifier import Verifier
 from rstar_jax.rl.metrics import trajectory_metrics
 from rstar_jax.rollout.agent_loop import AgentLoop
@@ -41,6 +44,7 @@ from rstar_jax.rollout.verified import VerifiedRollouts, verified_rollouts
 from rstar_jax.seeds import derived_seed, step_seed
 from rstar_jax.tokenizers import load_tokenizer
 from rstar_jax.train.metrics import MetricsWriter
+from rstar_jax.train.batching import TokenBatch
 from rstar_jax.train.rl_batch import RLBatch, logprob_gap, rl_micro_batches
 from rstar_jax.train.rl_checkpoint import TrainerRecord, latest_record, restore_rl_checkpoint, rl_checkpoint_manager
 from rstar_jax.train.rl_groups import TrainingGroups, training_groups
@@ -106,10 +110,11 @@ class RLTrainer:
                                  self.settings.micro_batch_rows, self.loss, self.settings.logprob_chunk)
         self.manager = rl_checkpoint_manager(self.run_dir / "checkpoints", self.settings.max_to_keep)
         self.hooks: list[StepHook] = list(hooks)
+        self.driver = is_driver()
 
     def add_hook(self, hook: StepHook, every_steps: int = 1) -> None:
         """Call `hook` after every `every_steps`-th step (and the last), after the checkpoint and before the
-        metrics are written (see `rl_hooks`)."""
+        metrics are written, on every process of the learner (see `rl_hooks`)."""
         self.hooks.append(every(every_steps, hook) if every_steps > 1 else hook)
 
     def _check_sizes(self) -> None:
@@ -158,9 +163,9 @@ class RLTrainer:
         return rolled, training_groups(rolled.samples, rolled.correct, self.selector, self.settings.group_size, seed)
 
     async def _collect(self, loop: AgentLoop, iterator: Any, seed: int, verifier: Verifier,
-                       timings: dict[str, float]) -> tuple[VerifiedRollouts, TrainingGroups]:
+                       timings: dict[str, float]) -> tuple[VerifiedRollouts, TrainingGroups, int]:
         """Roll out the step's prompts; with zero_variance="refill", more prompts until the batch is full. Returns
-        every rollout of the step with its verdict, and the groups trained on."""
+        every rollout of the step with its verdict, the groups trained on, and how many prompt batches were drawn."""
         rolled, groups = await self._rollout_round(loop, next(iterator), seed, verifier, timings)
         settings = self.settings
         rounds = 0
@@ -173,27 +178,45 @@ class RLTrainer:
                                       rolled.rollout_seconds + more_rolled.rollout_seconds,
                                       rolled.verify_seconds + more_rolled.verify_seconds)
             groups = groups.merged(more, settings.prompts_per_step)
-        return rolled, groups
+        return rolled, groups, 1 + rounds
 
-    def _update(self, state: TrainState, groups: TrainingGroups, seed: int,
-                reference: Params | None) -> tuple[TrainState, dict[str, float]]:
-        """Old log-probs of every kept row under the sampling policy, then one optimiser step per mini-batch: the
-        kept rows in a seeded order cut into `updates_per_step` mini-batches (fewer when there are fewer rows), each
-        row in exactly one. With one mini-batch and no KL term the old log-probs come from the update's own forward
-        pass (`RLLearner.update(on_policy=True)`), not from a pass of their own. Metrics: the updates' mean, except
-        `trained_tokens` and `sequences` (the step's sums) and `updates` (optimiser steps taken)."""
+    def _mini_batches(self, groups: TrainingGroups, seed: int) -> list[list[RLBatch]]:
+        """The kept rows in a seeded order cut into `updates_per_step` mini-batches (fewer when there are fewer
+        rows), each row in exactly one, each mini-batch as micro-batches of `micro_batch_rows`."""
         settings = self.settings
         order = np.random.default_rng(seed).permutation(len(groups.samples))
         chunks = [chunk for chunk in np.array_split(order, settings.updates_per_step) if len(chunk)]
         pad_id = self.config.pad_token_id or 0
-        unscored = [rl_micro_batches([groups.samples[i].trajectory for i in chunk], groups.advantages[chunk],
-                                     settings.micro_batch_rows, pad_id, settings.pad_multiple) for chunk in chunks]
+        return [rl_micro_batches([groups.samples[i].trajectory for i in chunk], groups.advantages[chunk],
+                                 settings.micro_batch_rows, pad_id, settings.pad_multiple) for chunk in chunks]
+
+    def _shared(self, mini_batches: list[list[RLBatch]] | None, drawn: int) -> tuple[list[list[RLBatch]], int]:
+        """The driver's mini-batches (none: no group had signal) and prompt batches drawn, on every process (a
+        broadcast when the learner spans several; `multihost`)."""
+        if not multi_process():
+            return mini_batches or [], drawn
+        sizes = [len(mini) for mini in mini_batches] if mini_batches else []
+        sizes, drawn = share([sizes, drawn])
+        leaves = share_arrays([np.asarray(leaf) for mini in mini_batches or [] for batch in mini
+                               for leaf in jax.tree.leaves(batch)] if is_driver() else None)
+        treedef = jax.tree.structure(RLBatch(TokenBatch(0, 0, 0, 0), 0, 0, 0, 0))
+        per_batch = treedef.num_leaves
+        batches = [jax.tree.unflatten(treedef, leaves[i:i + per_batch]) for i in range(0, len(leaves), per_batch)]
+        starts = np.cumsum([0, *sizes])
+        return [batches[start:end] for start, end in zip(starts[:-1], starts[1:])], drawn
+
+    def _update(self, state: TrainState, unscored: list[list[RLBatch]],
+                reference: Params | None) -> tuple[TrainState, dict[str, float]]:
+        """Old log-probs of every kept row under the sampling policy, then one optimiser step per mini-batch. With
+        one mini-batch and no KL term the old log-probs come from the update's own forward pass
+        (`RLLearner.update(on_policy=True)`), not from a pass of their own. Metrics: the updates' mean, except
+        `trained_tokens` and `sequences` (the step's sums) and `updates` (optimiser steps taken)."""
         if len(unscored) == 1 and reference is None:
             state, metrics = self.learner.update(state, unscored[0], on_policy=True)
             return state, {**metrics, "updates": 1}
         mini_batches: list[list[RLBatch]] = [self.learner.with_policy_logprobs(state.params, batches, reference)
                                              for batches in unscored]
-        gap = logprob_gap([batch for mini in mini_batches for batch in mini])
+        gap = logprob_gap(host_copy([batch for mini in mini_batches for batch in mini]))
         totals: dict[str, float] = {}
         for mini in mini_batches:
             state, metrics = self.learner.update(state, mini)
@@ -237,62 +260,83 @@ class RLTrainer:
         state, reference = self.start_state(record, iterator)
         return RunPosition(record.step, record.stage, kept, state, reference, iterator)
 
-    def run(self, sandbox_urls: Sequence[str], verifier: Verifier, engines: RolloutEngines | None = None) -> Params:
+    def run(self, sandbox_urls: Sequence[str], verifier: Verifier | None,
+            engines: RolloutEngines | None = None) -> Params:
         """Train (or resume) every stage, answers checked by `verifier` (SPEC 3); returns the final parameters
-        (host arrays).
+        (host arrays, on every process).
 
         Rollouts run on `engines` when given (they are sent the run's current weights first and left running),
-        else on engines the setup's `RolloutBackend` starts for the run and stops after it.
+        else on engines the setup's `RolloutBackend` starts for the run and stops after it. A learner over several
+        JAX processes (`multihost`) calls `run` on every process with the same arguments; only the driver (process
+        0) uses the sandbox, the verifier (the others may pass None) and the engines, and writes the metrics; every
+        process writes its shards of each checkpoint.
         """
         settings = self.settings
         position = self.start_position()
         if position.step >= settings.total_steps:
             say(f"RL: all {settings.total_steps} steps already done in {self.run_dir}")
-            return jax.device_get(position.state.params)
+            return host_copy(position.state.params)
         if position.step:
             say(f"RL: resuming {self.run_dir} after step {position.step} of {settings.total_steps}")
+        hooks = [every(settings.checkpoint_every, checkpoint_hook(self.manager, settings.seed)), *self.hooks]
         with contextlib.ExitStack() as stack:
-            writer = stack.enter_context(MetricsWriter(self.run_dir, resume_step=position.step))
             push_first = engines is not None
             if engines is None:
-                engines = stack.enter_context(self.backend.start(self.config, jax.device_get(position.state.params),
-                                                                 self.run_dir, self.tokenizer_name))
-            progress = stack.enter_context(Progress(settings.total_steps, "RL", initial=position.step, every=1))
-            hooks = [every(settings.checkpoint_every, checkpoint_hook(self.manager, settings.seed)), *self.hooks,
-                     metrics_hook(writer), progress_hook(progress)]
+                served = host_copy(position.state.params)  # a collective: every process takes part
+                if self.driver:
+                    engines = stack.enter_context(self.backend.start(self.config, served, self.run_dir,
+                                                                     self.tokenizer_name))
+                del served
+            if self.driver:
+                writer = stack.enter_context(MetricsWriter(self.run_dir, resume_step=position.step))
+                progress = stack.enter_context(Progress(settings.total_steps, "RL", initial=position.step, every=1))
+                hooks += [metrics_hook(writer), progress_hook(progress)]
             position = asyncio.run(self._train(position, engines, sandbox_urls, verifier, hooks, push_first))
-        return jax.device_get(position.state.params)
+        return host_copy(position.state.params)
 
-    async def _train(self, position: RunPosition, engines: RolloutEngines, sandbox_urls: Sequence[str],
-                     verifier: Verifier, hooks: Sequence[StepHook], push_first: bool) -> RunPosition:
+    async def _train(self, position: RunPosition, engines: RolloutEngines | None, sandbox_urls: Sequence[str],
+                     verifier: Verifier | None, hooks: Sequence[StepHook], push_first: bool) -> RunPosition:
         """Every remaining step, each followed by `hooks`; the engines' HTTP sessions closed at the end."""
         settings = self.settings
+        engine = engines.engine if engines is not None else None
         try:
             if push_first:
-                await engines.engine.update_weights(position.state.params, position.step)
-            async with SandboxClient(list(sandbox_urls)) as sandbox:
-                executor = TimedExecutor(sandbox)
+                await self._push(engine, position.state.params, position.step)
+            client = SandboxClient(list(sandbox_urls)) if self.driver else contextlib.nullcontext()
+            async with client as sandbox:
+                executor = TimedExecutor(sandbox) if sandbox is not None else None
                 while position.step < settings.total_steps:
                     index, _ = stage_at(settings.stages, position.step)
                     if index != position.stage:
-                        position = await self._enter_stage(position, index, engines.engine, executor, verifier)
-                    position, metrics = await self._step(position, engines.engine, executor, verifier)
+                        position = await self._enter_stage(position, index, engine, executor, verifier)
+                    position, metrics = await self._step(position, engine, executor, verifier)
                     event = StepEvent(position, settings.total_steps, settings.stages[index].name, metrics)
                     for hook in hooks:
                         hook(event)
         finally:
-            await engines.aclose()
+            if engines is not None:
+                await engines.aclose()
         return position
 
-    async def _enter_stage(self, position: RunPosition, index: int, engine: GenerationEngine,
-                           executor: ToolExecutor, verifier: Verifier) -> RunPosition:
+    async def _push(self, engine: GenerationEngine | None, params: Params, version: int) -> None:
+        """Send `params` to the engines (the driver's); across processes the parameters are gathered first, a
+        collective every process takes part in."""
+        if multi_process():
+            params = host_copy(params)
+        if engine is not None:
+            await engine.update_weights(params, version)
+
+    async def _enter_stage(self, position: RunPosition, index: int, engine: GenerationEngine | None,
+                           executor: ToolExecutor | None, verifier: Verifier | None) -> RunPosition:
         """A stage's start: its difficulty filter, optimiser reset and reference refresh (SPEC 5, stage 3)."""
         stage = self.settings.stages[index]
         say(f"RL stage {stage.name}: {stage.steps} steps, max {stage.max_response_tokens} response tokens, "
             f"T={stage.max_turns}, data: {stage.data.describe()}")
         kept, state, reference = position.kept, position.state, position.reference
         if stage.data_filter == "drop_solved":
-            ids = await self._filter_stage(index, self._agent_loop(index, engine, executor), verifier)
+            ids = await self._filter_stage(index, self._agent_loop(index, engine, executor), verifier) \
+                if self.driver else None
+            ids = tuple(share(ids))  # the driver's filter decides for every process
             if not ids:  # a prompt stream filtered down to nothing would wait forever for its first batch
                 raise ValueError(f"stage {stage.name!r}: its difficulty filter ('drop_solved', {stage.filter_samples}"
                                  f" attempts each) kept none of the {len(self.problems[index][:stage.filter_problems])}"
@@ -307,29 +351,37 @@ class RLTrainer:
         return dataclasses.replace(position, stage=index, kept=kept, state=state, reference=reference,
                                    iterator=self._iterator(index, kept))
 
-    async def _step(self, position: RunPosition, engine: GenerationEngine, executor: TimedExecutor,
-                    verifier: Verifier) -> tuple[RunPosition, dict[str, Any]]:
-        """One RL step from `position` (inside its stage): rollouts, verdicts, groups, update(s), weight push."""
+    async def _step(self, position: RunPosition, engine: GenerationEngine | None, executor: TimedExecutor | None,
+                    verifier: Verifier | None) -> tuple[RunPosition, dict[str, Any]]:
+        """One RL step from `position` (inside its stage): rollouts, verdicts and groups (the driver's), update(s)
+        and weight push (every process's)."""
         assert position.stage is not None
         stage, settings, step = self.settings.stages[position.stage], self.settings, position.step
         seed = step_seed(settings.seed, step)
         timings = {"rollout": 0.0, "rewards": 0.0, "update": 0.0, "weight_sync": 0.0, "checkpoint": 0.0}
-        tools_before = executor.busy_s
-        loop = self._agent_loop(position.stage, engine, executor)
-        rolled, groups = await self._collect(loop, position.iterator, seed, verifier, timings)
-        timings["tools"] = executor.busy_s - tools_before
-        metrics: dict[str, Any] = {"stage": stage.name,
-                                   **trajectory_metrics([s.trajectory for s in rolled.samples], rolled.correct)}
-        metrics.update(groups_seen=groups.groups_seen, groups_kept=groups.groups_kept,
-                       groups_surplus=groups.groups_surplus, kept_trajectories=len(groups.samples),
-                       mean_reward=float(np.mean(groups.rewards)) if groups.groups_kept else 0.0)
+        metrics: dict[str, Any] = {"stage": stage.name}
+        mini_batches, drawn = None, 1
+        if self.driver:
+            tools_before = executor.busy_s
+            loop = self._agent_loop(position.stage, engine, executor)
+            rolled, groups, drawn = await self._collect(loop, position.iterator, seed, verifier, timings)
+            timings["tools"] = executor.busy_s - tools_before
+            metrics.update(trajectory_metrics([s.trajectory for s in rolled.samples], rolled.correct))
+            metrics.update(groups_seen=groups.groups_seen, groups_kept=groups.groups_kept,
+                           groups_surplus=groups.groups_surplus, kept_trajectories=len(groups.samples),
+                           mean_reward=float(np.mean(groups.rewards)) if groups.groups_kept else 0.0)
+            mini_batches = self._mini_batches(groups, seed) if groups.groups_kept else None
+        mini_batches, drawn = self._shared(mini_batches, drawn)
+        if not self.driver:  # the other processes' prompt streams keep the driver's place (they are checkpointed)
+            for _ in range(drawn):
+                next(position.iterator)
         state = position.state
-        if groups.groups_kept:
+        if mini_batches:
             started = time.monotonic()
-            state, update_metrics = self._update(state, groups, seed, position.reference)
+            state, update_metrics = self._update(state, mini_batches, position.reference)
             timings["update"] = time.monotonic() - started
             started = time.monotonic()
-            await engine.update_weights(state.params, step + 1)
+            await self._push(engine, state.params, step + 1)
             timings["weight_sync"] = time.monotonic() - started
             metrics.update(update_metrics)
         metrics["seconds"] = timings

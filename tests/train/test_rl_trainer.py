@@ -1,6 +1,8 @@
 """The staged RL trainer end to end on the format-SFT'd tiny model, a real sandbox and the JAX engine (issue 9):
 a run killed with SIGKILL at an arbitrary moment and started again with the same command continues exactly as the
-uninterrupted run: the same metrics step for step and bit-identical final weights."""
+uninterrupted run: the same metrics step for step and bit-identical final weights. The same learner split over two
+local JAX processes of 4 CPU devices each (issue 23 items 1-2) matches one process of 8 devices, and resumes
+exactly after both processes are killed."""
 
 from __future__ import annotations
 
@@ -12,7 +14,10 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
+import portpicker
 import pytest
+import transformers
 from safetensors.numpy import load_file
 
 from rstar_jax.train.metrics import read_metrics
@@ -41,31 +46,58 @@ def _train_command(model: Path, out: Path) -> list[str]:
             *(arg for param in SMALL_RL for arg in ("--gin_param", param))]
 
 
-def _environment() -> dict[str, str]:
-    return {**os.environ, "XLA_FLAGS": "", "JAX_PLATFORMS": "cpu"}
+def _environment(devices: int) -> dict[str, str]:
+    return {**os.environ, "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}", "JAX_PLATFORMS": "cpu"}
 
 
-def _run(model: Path, out: Path) -> None:
-    result = subprocess.run(_train_command(model, out), cwd=REPO_ROOT, env=_environment(), capture_output=True,
-                            text=True, timeout=1800)
-    assert result.returncode == 0, f"{result.stdout[-3000:]}\n{result.stderr[-6000:]}"
+def _commands(model: Path, out: Path, processes: int) -> list[tuple[list[str], dict[str, str]]]:
+    """The command line and environment of each process of a run: one process of 8 devices, or `processes` local
+    JAX processes of 8 / processes devices each forming one distributed system (fsdp over all 8 either way)."""
+    mesh = ["--gin_param", "make_mesh.fsdp = 8"]
+    if processes == 1:
+        return [(_train_command(model, out) + mesh, _environment(8))]
+    port = portpicker.pick_unused_port()
+    return [(_train_command(model, out) + mesh + [
+        "--gin_param", "distributed.initialize = True",
+        "--gin_param", f"distributed.coordinator_address = '127.0.0.1:{port}'",
+        "--gin_param", f"distributed.num_processes = {processes}", "--gin_param", f"distributed.process_id = {index}"],
+        _environment(8 // processes)) for index in range(processes)]
 
 
-def _kill_during_step(model: Path, out: Path, after_steps: int, delay_s: float) -> int:
-    """Start the run and SIGKILL its whole process group `delay_s` after `after_steps` steps were logged; returns
+def _start(model: Path, out: Path, processes: int) -> list[subprocess.Popen]:
+    out.mkdir(parents=True, exist_ok=True)
+    return [subprocess.Popen(command, cwd=REPO_ROOT, env=env, stdout=(out.parent / f"{out.name}.{index}.log").open("w"),
+                             stderr=subprocess.STDOUT, start_new_session=True)
+            for index, (command, env) in enumerate(_commands(model, out, processes))]
+
+
+def _run(model: Path, out: Path, processes: int = 1) -> None:
+    started = _start(model, out, processes)
+    try:
+        codes = [process.wait(timeout=1800) for process in started]
+    finally:
+        for process in started:
+            if process.poll() is None:
+                os.killpg(process.pid, signal.SIGKILL)
+    logs = "\n".join((out.parent / f"{out.name}.{index}.log").read_text()[-4000:] for index in range(processes))
+    assert codes == [0] * processes, logs
+
+
+def _kill_during_step(model: Path, out: Path, after_steps: int, delay_s: float, processes: int = 1) -> int:
+    """Start the run and SIGKILL every process group of it `delay_s` after `after_steps` steps were logged; returns
     the steps logged when it died."""
-    process = subprocess.Popen(_train_command(model, out), cwd=REPO_ROOT, env=_environment(),
-                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    started = _start(model, out, processes)
     try:
         deadline = time.monotonic() + 1500
         while len(read_metrics(out / "metrics.jsonl")) < after_steps:
-            assert process.poll() is None, "the run ended before it could be killed"
+            assert all(process.poll() is None for process in started), "the run ended before it could be killed"
             assert time.monotonic() < deadline
             time.sleep(0.2)
         time.sleep(delay_s)
     finally:
-        os.killpg(process.pid, signal.SIGKILL)
-        process.wait()
+        for process in started:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
     return len(read_metrics(out / "metrics.jsonl"))
 
 
@@ -85,9 +117,34 @@ def _logprob_gaps(entries: list[dict]) -> dict[int, float]:
     return {entry["step"]: entry["logprob_gap"] for entry in entries if "logprob_gap" in entry}
 
 
-def test_a_killed_run_resumes_to_the_same_metrics_and_weights(sft_model_dir: Path, tmp_path: Path) -> None:
-    whole, killed = tmp_path / "whole", tmp_path / "killed"
-    _run(sft_model_dir, whole)
+@pytest.fixture(scope="module")
+def whole(sft_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The uninterrupted run, one process of 8 devices."""
+    out = tmp_path_factory.mktemp("rl") / "whole"
+    _run(sft_model_dir, out)
+    return out
+
+
+def _weights(run: Path) -> dict[str, np.ndarray]:
+    return load_file(run / "model" / "model.safetensors")
+
+
+def _assert_same_run(resumed: Path, reference_run: Path) -> None:
+    """The same metrics step for step (log-prob gaps within 2%: see NOT_BIT_EXACT) and bit-identical weights."""
+    resumed_metrics, reference = read_metrics(resumed / "metrics.jsonl"), read_metrics(reference_run / "metrics.jsonl")
+    assert _without_timings(resumed_metrics) == _without_timings(reference)
+    resumed_gaps, reference_gaps = _logprob_gaps(resumed_metrics), _logprob_gaps(reference)
+    assert resumed_gaps.keys() == reference_gaps.keys()
+    assert list(resumed_gaps.values()) == pytest.approx(list(reference_gaps.values()), rel=0.02)
+    weights, uninterrupted = _weights(resumed), _weights(reference_run)
+    assert weights.keys() == uninterrupted.keys()
+    for name in uninterrupted:
+        assert weights[name].tobytes() == uninterrupted[name].tobytes(), name
+
+
+def test_a_killed_run_resumes_to_the_same_metrics_and_weights(sft_model_dir: Path, whole: Path,
+                                                               tmp_path: Path) -> None:
+    killed = tmp_path / "killed"
     reference = read_metrics(whole / "metrics.jsonl")
     assert [entry["step"] for entry in reference] == [1, 2, 3]
     assert [entry["stage"] for entry in reference] == ["a", "a", "b"]
@@ -95,18 +152,37 @@ def test_a_killed_run_resumes_to_the_same_metrics_and_weights(sft_model_dir: Pat
     logged = _kill_during_step(sft_model_dir, killed, after_steps=1, delay_s=3.0)  # in step 2's rollouts or update
     assert logged < 3, "killed before the end"
     _run(sft_model_dir, killed)
-    resumed_metrics = read_metrics(killed / "metrics.jsonl")
-    assert _without_timings(resumed_metrics) == _without_timings(reference)
-    resumed_gaps, reference_gaps = _logprob_gaps(resumed_metrics), _logprob_gaps(reference)
-    assert resumed_gaps.keys() == reference_gaps.keys()
-    assert list(resumed_gaps.values()) == pytest.approx(list(reference_gaps.values()), rel=0.02)
-    resumed, uninterrupted = load_file(killed / "model" / "model.safetensors"), load_file(
-        whole / "model" / "model.safetensors")
-    assert resumed.keys() == uninterrupted.keys()
-    for name in uninterrupted:
-        assert resumed[name].tobytes() == uninterrupted[name].tobytes(), name
+    _assert_same_run(killed, whole)
     for entry in reference[1:]:
         if "logprob_gap" in entry:  # rollouts after a weight push were sampled by the pushed weights
             assert entry["logprob_gap"] < 1e-4, entry
     assert (whole / "plots" / "accuracy.png").is_file() and (whole / "tensorboard").is_dir()
     print(json.dumps(_without_timings(reference), indent=1))
+
+
+def test_two_processes_of_four_devices_train_as_one_of_eight_and_resume_exactly(
+        sft_model_dir: Path, whole: Path, tmp_path: Path) -> None:
+    """Issue 23 items 1-2: the learner over two JAX processes (process 0 drives rollouts, tools and rewards and
+    broadcasts each step's batch; every process feeds its own 4 devices; the weight push gathers) gives the single
+    process's metrics and weights within 1e-5, writes a model folder transformers loads, and a kill -9 of both
+    processes mid-run, rerun with the same commands, continues exactly as the uninterrupted two-process run."""
+    split, killed = tmp_path / "split", tmp_path / "killed"
+    _run(sft_model_dir, split, processes=2)
+    one, two = read_metrics(whole / "metrics.jsonl"), read_metrics(split / "metrics.jsonl")
+    assert any(entry["groups_kept"] for entry in one), "some group had mixed rewards, so weights moved"
+    assert [sorted(entry) for entry in _without_timings(two)] == [sorted(entry) for entry in _without_timings(one)]
+    for a, b in zip(_without_timings(one), _without_timings(two)):
+        for key, value in a.items():
+            assert b[key] == (pytest.approx(value, rel=1e-5, abs=1e-5) if isinstance(value, float) else value), key
+    weights_one, weights_two = _weights(whole), _weights(split)
+    assert weights_one.keys() == weights_two.keys()
+    for name, value in weights_one.items():
+        np.testing.assert_allclose(weights_two[name], value, rtol=1e-5, atol=1e-5, err_msg=name)
+    loaded = transformers.AutoModelForCausalLM.from_pretrained(split / "model")
+    assert loaded.config.hidden_size == json.loads((split / "model" / "config.json").read_text())["hidden_size"]
+    assert not (split / "train.process1.log").read_text().count("Traceback")
+
+    logged = _kill_during_step(sft_model_dir, killed, after_steps=1, delay_s=3.0, processes=2)
+    assert logged < 3, "killed before the end"
+    _run(sft_model_dir, killed, processes=2)
+    _assert_same_run(killed, split)

@@ -87,7 +87,11 @@ class Observed(RLTrainer):
         self.rounds.append((*self.now, [problem.id for problem in prompts], groups))
         return rolled, groups
 
-    def _update(self, state, groups, seed, reference):
+    def _mini_batches(self, groups, seed):
+        self.trained = groups
+        return super()._mini_batches(groups, seed)
+
+    def _update(self, state, mini_batches, reference):
         before = int(jax.device_get(state.step))
         calls: list[list[Any]] = []
         update = self.learner.update
@@ -103,10 +107,10 @@ class Observed(RLTrainer):
 
         self.learner.update = counted
         try:
-            state, metrics = super()._update(state, groups, seed, reference)
+            state, metrics = super()._update(state, mini_batches, reference)
         finally:
             self.learner.update = update
-        self.updates.append({"groups": groups, "calls": calls, "step_before": before,
+        self.updates.append({"groups": self.trained, "calls": calls, "step_before": before,
                              "step_after": int(jax.device_get(state.step)), "metrics": metrics})
         return state, metrics
 
