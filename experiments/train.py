@@ -51,15 +51,17 @@ KNOBS = ("RLSettings.prompts_per_step", "RLSettings.group_size", "RLSettings.zer
 
 @gin.configurable
 def distributed(initialize: bool = False, coordinator_address: str | None = None, num_processes: int | None = None,
-                process_id: int | None = None) -> None:
+                process_id: int | None = None, heartbeat_timeout_s: int = 100) -> None:
     """Multi-host JAX (DESIGN "Scale-out"): with `initialize`, call `jax.distributed.initialize` before anything
     touches a device, so `jax.devices()` (and the mesh) spans every host's devices. The arguments left None are
     found by JAX from the cluster environment (SLURM, Open MPI, Kubernetes/GKE, Cloud TPU). CPU collectives across
-    processes go through gloo (the local multi-process tests; GPUs use NCCL regardless)."""
+    processes go through gloo (the local multi-process tests; GPUs use NCCL regardless). If a process dies, the
+    others' next collective fails and JAX's coordination service stops them, naming the task whose heartbeats
+    stopped, within `heartbeat_timeout_s`."""
     if initialize:
         jax.config.update("jax_cpu_collectives_implementation", "gloo")
         jax.distributed.initialize(coordinator_address=coordinator_address, num_processes=num_processes,
-                                   process_id=process_id)
+                                   process_id=process_id, heartbeat_timeout_seconds=heartbeat_timeout_s)
 
 
 def place_learner(backend: RolloutBackend) -> None:

@@ -280,8 +280,8 @@ class RLTrainer:
             say(f"RL: resuming {self.run_dir} after step {position.step} of {settings.total_steps}")
         hooks = [every(settings.checkpoint_every, checkpoint_hook(self.manager, settings.seed)), *self.hooks]
         with contextlib.ExitStack() as stack:
-            push_first = engines is not None
-            if engines is None:
+            push_first = share(engines is not None)  # the driver's engines decide for every process
+            if not push_first:
                 served = host_copy(position.state.params)  # a collective: every process takes part
                 if self.driver:
                     engines = stack.enter_context(self.backend.start(self.config, served, self.run_dir,

@@ -60,7 +60,8 @@ def _commands(model: Path, out: Path, processes: int) -> list[tuple[list[str], d
     return [(_train_command(model, out) + mesh + [
         "--gin_param", "distributed.initialize = True",
         "--gin_param", f"distributed.coordinator_address = '127.0.0.1:{port}'",
-        "--gin_param", f"distributed.num_processes = {processes}", "--gin_param", f"distributed.process_id = {index}"],
+        "--gin_param", f"distributed.num_processes = {processes}", "--gin_param", f"distributed.process_id = {index}",
+        "--gin_param", "distributed.heartbeat_timeout_s = 10"],
         _environment(8 // processes)) for index in range(processes)]
 
 
@@ -165,7 +166,8 @@ def test_two_processes_of_four_devices_train_as_one_of_eight_and_resume_exactly(
     """Issue 23 items 1-2: the learner over two JAX processes (process 0 drives rollouts, tools and rewards and
     broadcasts each step's batch; every process feeds its own 4 devices; the weight push gathers) gives the single
     process's metrics and weights within 1e-5, writes a model folder transformers loads, and a kill -9 of both
-    processes mid-run, rerun with the same commands, continues exactly as the uninterrupted two-process run."""
+    processes mid-run, rerun with the same commands, continues exactly as the uninterrupted two-process run; when one
+    process dies, the other stops by itself with JAX's message naming the dead task (no hang)."""
     split, killed = tmp_path / "split", tmp_path / "killed"
     _run(sft_model_dir, split, processes=2)
     one, two = read_metrics(whole / "metrics.jsonl"), read_metrics(split / "metrics.jsonl")
@@ -182,7 +184,23 @@ def test_two_processes_of_four_devices_train_as_one_of_eight_and_resume_exactly(
     assert loaded.config.hidden_size == json.loads((split / "model" / "config.json").read_text())["hidden_size"]
     assert not (split / "train.process1.log").read_text().count("Traceback")
 
-    logged = _kill_during_step(sft_model_dir, killed, after_steps=1, delay_s=3.0, processes=2)
-    assert logged < 3, "killed before the end"
+    # Process 1 dies: process 0 stops by itself, naming it, instead of waiting forever in its next collective.
+    started = _start(sft_model_dir, killed, processes=2)
+    try:
+        while len(read_metrics(killed / "metrics.jsonl")) < 1:
+            assert all(process.poll() is None for process in started), "the run ended before it could be killed"
+            time.sleep(0.2)
+        time.sleep(3.0)
+        os.killpg(started[1].pid, signal.SIGKILL)
+        assert started[0].wait(timeout=180) != 0
+    finally:
+        for process in started:
+            if process.poll() is None:
+                os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+    assert "Task 1 heartbeat timeout" in (tmp_path / "killed.0.log").read_text()
+    assert len(read_metrics(killed / "metrics.jsonl")) == 1, "process 0 stopped in step 2, at its next collective"
+    # The same two commands resume; kill -9 both during step 3, then once more: the uninterrupted run.
+    assert _kill_during_step(sft_model_dir, killed, after_steps=2, delay_s=3.0, processes=2) == 2
     _run(sft_model_dir, killed, processes=2)
     _assert_same_run(killed, split)
