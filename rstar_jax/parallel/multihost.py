@@ -8,10 +8,12 @@ callers need no second code path.
 
 from __future__ import annotations
 
+import functools
 import json
 from typing import Any, Sequence
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from jax.experimental import multihost_utils
 from jax.sharding import Sharding
@@ -27,9 +29,13 @@ def multi_process() -> bool:
     return jax.process_count() > 1
 
 
-def host_copy(tree: Any) -> Any:
-    """`tree` with every JAX array as a whole numpy array on this host. Across processes a collective: every process
-    must call it with the same tree (arrays split over other hosts are gathered, `process_allgather`)."""
+def host_copy(tree: Any, dtype: str | None = None) -> Any:
+    """`tree` with every JAX array as a whole numpy array on this host; with `dtype`, floating arrays are cast to it on
+    their devices first (a weight push in the servers' dtype gathers half the bytes of float32 for bfloat16). Across
+    processes a collective: every process must call it with the same tree (arrays split over other hosts are
+    gathered, `process_allgather`)."""
+    if dtype is not None:
+        tree = _cast_floating(tree, dtype)
     if not multi_process():
         return jax.device_get(tree)
 
@@ -39,6 +45,12 @@ def host_copy(tree: Any) -> Any:
         return jax.device_get(leaf)
 
     return jax.tree.map(whole, tree)
+
+
+@functools.partial(jax.jit, static_argnames="dtype")
+def _cast_floating(tree: Any, dtype: str) -> Any:
+    """Floating leaves of `tree` cast to `dtype`, where they are (an elementwise program keeps each leaf's sharding)."""
+    return jax.tree.map(lambda leaf: leaf.astype(dtype) if jnp.issubdtype(leaf.dtype, jnp.floating) else leaf, tree)
 
 
 def share(value: Any) -> Any:
@@ -54,12 +66,17 @@ def share(value: Any) -> Any:
 
 def share_arrays(arrays: Sequence[np.ndarray] | None) -> list[np.ndarray]:
     """The driver's numpy `arrays`, on every process (the others pass None): shapes and dtypes first, then each
-    array. A collective."""
+    array's bytes (as bytes, so no dtype is narrowed on the way: JAX without x64 would make int64 int32). A
+    collective."""
     if not multi_process():
         return list(arrays or ())
     layout = share([(list(a.shape), a.dtype.str) for a in arrays] if is_driver() else None)
-    local = list(arrays) if is_driver() else [np.zeros(shape, np.dtype(dtype)) for shape, dtype in layout]
-    return [np.asarray(multihost_utils.broadcast_one_to_all(array)) for array in local]
+    if is_driver():
+        local = [np.ascontiguousarray(array).reshape(-1).view(np.uint8) for array in arrays]
+    else:
+        local = [np.zeros(int(np.prod(shape)) * np.dtype(dtype).itemsize, np.uint8) for shape, dtype in layout]
+    return [np.asarray(multihost_utils.broadcast_one_to_all(data)).view(np.dtype(dtype)).reshape(shape)
+            for data, (shape, dtype) in zip(local, layout)]
 
 
 def place(array: np.ndarray, sharding: Sharding) -> jax.Array:

@@ -24,8 +24,10 @@ from rstar_jax.model.folder import save_model_folder
 from rstar_jax.model.lm import Params
 from rstar_jax.parallel.gpu_placement import check_gpu_placement
 from rstar_jax.rollout.balancer import Balancer
+from rstar_jax.rollout.engine import GenerationEngine
 from rstar_jax.rollout.jax_engine import JaxEngine
 from rstar_jax.rollout.router import FailoverEngine
+from rstar_jax.rollout.vllm_engine import VLLMServerEngine
 from rstar_jax.rollout.vllm_fleet import VLLMFleet
 
 BACKENDS = ("jax", "vllm")
@@ -45,6 +47,19 @@ def check_prompts_fit(tokenizer: Any, problems: Sequence[Problem], max_response_
         raise ValueError(f"{what}: the longest prompt ({longest} tokens) plus max_response_tokens "
                          f"({max_response_tokens}) exceeds the engine's {token_limit} tokens per sequence; "
                          f"lower {budget} or raise RolloutBackend.max_len")
+
+
+async def pushed_weights_dtype(engine: GenerationEngine) -> str | None:
+    """The dtype in which every live engine behind `engine` loads pushed weights, when all of them say so and agree (a
+    vLLM server reports its own: `VLLMServerEngine.served_dtype`); None when they differ or do not say (a JaxEngine
+    takes the learner's parameters as they are). A learner over several processes casts to it on its devices before
+    it gathers the parameters of a push (issue 23), so only those bytes cross to the driver's host."""
+    if isinstance(engine, FailoverEngine):
+        dtypes = {await pushed_weights_dtype(engine.engines[index]) for index in engine.live}
+        return dtypes.pop() if len(dtypes) == 1 else None
+    if isinstance(engine, VLLMServerEngine):
+        return await engine.served_dtype()
+    return None
 
 
 class RolloutEngines:

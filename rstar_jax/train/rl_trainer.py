@@ -38,7 +38,7 @@ from rstar_jax.parallel.multihost import host_copy, is_driver, multi_process, sh
 from rstar_jax.reward.verifier import Verifier
 from rstar_jax.rl.metrics import trajectory_metrics
 from rstar_jax.rollout.agent_loop import AgentLoop
-from rstar_jax.rollout.backends import RolloutEngines, check_prompts_fit
+from rstar_jax.rollout.backends import RolloutEngines, check_prompts_fit, pushed_weights_dtype
 from rstar_jax.rollout.engine import GenerationEngine
 from rstar_jax.rollout.verified import VerifiedRollouts, verified_rollouts
 from rstar_jax.seeds import derived_seed, step_seed
@@ -56,6 +56,8 @@ from rstar_jax.train.stages import stage_at
 from rstar_jax.train.state import (TrainState, abstract_train_state, init_optimizer_state, new_train_state,
                                    train_state_shardings)
 from sandbox_server.client import SandboxClient
+
+RL_BATCH_TREEDEF = jax.tree.structure(RLBatch(TokenBatch(0, 0, 0, 0), 0, 0, 0, 0))  # a micro-batch's leaves, in order
 
 
 class TimedExecutor:
@@ -96,7 +98,7 @@ class RLTrainer:
     def __init__(self, run_dir: str | Path, config: ModelConfig, params: Params, tokenizer: str, setup: RLSetup,
                  mesh: Mesh | None = None, hooks: Sequence[StepHook] = ()) -> None:
         self.run_dir = Path(run_dir)
-        self.config, self.tokenizer_name, self.setup = config, tokenizer, setup
+        self.config, self.tokenizer_name = config, tokenizer
         self.settings, self.selector, self.loss, self.backend = setup.settings, setup.selector, setup.loss, setup.backend
         self.optimizer, self.schedule = setup.optimizer, setup.schedule
         self.tokenizer = load_tokenizer(tokenizer)
@@ -199,9 +201,9 @@ class RLTrainer:
         sizes, drawn = share([sizes, drawn])
         leaves = share_arrays([np.asarray(leaf) for mini in mini_batches or [] for batch in mini
                                for leaf in jax.tree.leaves(batch)] if is_driver() else None)
-        treedef = jax.tree.structure(RLBatch(TokenBatch(0, 0, 0, 0), 0, 0, 0, 0))
-        per_batch = treedef.num_leaves
-        batches = [jax.tree.unflatten(treedef, leaves[i:i + per_batch]) for i in range(0, len(leaves), per_batch)]
+        per_batch = RL_BATCH_TREEDEF.num_leaves
+        batches = [jax.tree.unflatten(RL_BATCH_TREEDEF, leaves[i:i + per_batch])
+                   for i in range(0, len(leaves), per_batch)]
         starts = np.cumsum([0, *sizes])
         return [batches[start:end] for start, end in zip(starts[:-1], starts[1:])], drawn
 
@@ -319,10 +321,11 @@ class RLTrainer:
         return position
 
     async def _push(self, engine: GenerationEngine | None, params: Params, version: int) -> None:
-        """Send `params` to the engines (the driver's); across processes the parameters are gathered first, a
-        collective every process takes part in."""
+        """Send `params` to the engines (the driver's); across processes the parameters are first cast to the engines'
+        dtype on the devices and gathered, a collective every process takes part in."""
         if multi_process():
-            params = host_copy(params)
+            dtype = share(await pushed_weights_dtype(engine) if engine is not None else None)
+            params = host_copy(params, dtype)
         if engine is not None:
             await engine.update_weights(params, version)
 

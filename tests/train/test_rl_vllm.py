@@ -18,7 +18,7 @@ from rstar_jax.agent.prompt import prompt_token_ids
 from rstar_jax.gin_setup import parse_gin
 from rstar_jax.model import load_hf, positions_from_mask, token_logprobs
 from rstar_jax.processes import running_sandbox
-from rstar_jax.rollout.backends import RolloutBackend
+from rstar_jax.rollout.backends import RolloutBackend, pushed_weights_dtype
 from rstar_jax.rollout.balancer import Balancer
 from rstar_jax.tokenizers import load_tokenizer
 from rstar_jax.train.metrics import read_metrics
@@ -54,19 +54,22 @@ def test_two_rl_steps_on_two_vllm_servers_keep_the_servers_in_step_with_the_lear
             servers = balancer.engines
             probe = _a_trajectory()
 
-            async def score() -> list[tuple[float, ...]]:
+            async def score() -> tuple[list[tuple[float, ...]], str | None, list[str]]:
                 try:
-                    return list(await asyncio.gather(*(server.score(probe) for server in servers)))
+                    return (list(await asyncio.gather(*(server.score(probe) for server in servers))),
+                            await pushed_weights_dtype(balancer), [await server.served_dtype() for server in servers])
                 finally:
                     await asyncio.gather(*(server.aclose() for server in servers))
 
-            served = asyncio.run(score())
+            served, pushed_dtype, server_dtypes = asyncio.run(score())
     finally:
         gin.clear_config()
     metrics = read_metrics(tmp_path / "run" / "metrics.jsonl")
     assert [entry["step"] for entry in metrics] == [1, 2]
     assert [server.weights_version for server in servers] == [2, 2]
     assert isinstance(balancer, Balancer) and balancer.live == [0, 1] and balancer.reserved == (0, 0)
+    # The dtype a learner over several processes casts to on its devices before gathering a push: the servers' own.
+    assert server_dtypes == ["float32", "float32"] and pushed_dtype == "float32"  # gin/rollout/vllm_cpu.gin
     # Step 2's rollouts came from the weights pushed after step 1: the servers' log-probs of the sampled tokens
     # equal the learner's for the same weights.
     assert all(entry["logprob_gap"] < 1e-3 for entry in metrics if "logprob_gap" in entry), metrics
