@@ -8,15 +8,14 @@ prefilled. Same model and shapes as tests/rollout/test_jax_engine.py (programs c
 
 import asyncio
 
-import jax
 import numpy as np
 import pytest
 
-from rstar_jax.model import init_params
 from rstar_jax.rollout.engine import Generation, SamplingParams
 from rstar_jax.rollout.jax_engine import JaxEngine
 from test_jax_engine import (CONFIG, DECODE_STEPS, MAX_LEN, SLOTS, WINDOWS, count_compiles, full_forward_greedy,
                              learner_logprobs, random_prompts, run)
+from test_jax_engine import other_params, params  # noqa: F401 (the same module-scoped fixtures)
 
 pytestmark = pytest.mark.slow
 
@@ -26,16 +25,6 @@ def make_engine(params, **kwargs) -> JaxEngine:
                        decode_windows=WINDOWS, **kwargs)
     engine.wait_ready(timeout=600)
     return engine
-
-
-@pytest.fixture(scope="module")
-def params():
-    return init_params(CONFIG, jax.random.key(0))
-
-
-@pytest.fixture(scope="module")
-def other_params():
-    return init_params(CONFIG, jax.random.key(1))
 
 
 @pytest.fixture(scope="module")
