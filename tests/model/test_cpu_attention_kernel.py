@@ -1,8 +1,12 @@
 """The fused XLA:CPU attention kernel (`rstar_jax.kernels`, issue 12) at the shapes its vectorised paths take: head
 dims 32, 64, 128 and 48 (padded to whole vector tiles) with grouped query heads, rows longer than one block, packed
-segments (tiles it masks, skips and computes unmasked) and padding, against the dense reference within 1e-5; what it
+segments (tiles it masks, skips and computes unmasked) and padding, against the dense reference within 1e-5; rows
+shorter than a block (T = 1, 2, 7, 63, 65), all-padding rows and batches, left padding and only the last token real,
+where a query that reads no key gets 0 and passes back no gradient; Python threads calling it at once; what it
 refuses; and that remat policy 'dots_attention_saveable' keeps its forward output instead of calling it again in the
 backward pass."""
+
+import threading
 
 import jax
 import jax.numpy as jnp
@@ -43,6 +47,83 @@ def test_kernel_equals_dense_reference_with_gradients(head_dim):
     assert not np.asarray(actual)[~live].any()  # a query that reads no key gets 0
     for name, got, want in zip("qkv", actual_grads, expected_grads):
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5, err_msg=f"d{name}")
+
+
+def awkward_segments(length, all_padding):
+    """Segment ids [4, length]: a row of padding only, a row whose last token alone is real, left padding before one
+    sequence, and left padding, two packed sequences and right padding; or padding everywhere."""
+    segments = np.zeros((4, length), np.int32)
+    if not all_padding:
+        segments[1, -1] = 1
+        segments[2, length // 2:] = 1
+        segments[3, length // 4:length // 2], segments[3, length // 2:3 * length // 4] = 1, 2
+    return jnp.asarray(segments)
+
+
+def awkward_inputs(rng, length, kv_heads=2, groups=2, head_dim=16):
+    q = jnp.asarray(rng.normal(size=(4, length, kv_heads, groups, head_dim)), jnp.float32)
+    k, v = (jnp.asarray(rng.normal(size=(4, length, kv_heads, head_dim)), jnp.float32) for _ in range(2))
+    return q, k, v
+
+
+@pytest.mark.parametrize("length, all_padding", [(1, False), (2, False), (7, False), (63, False), (65, False),
+                                                 (7, True), (65, True)])
+def test_kernel_on_short_rows_and_padding_only_queries(length, all_padding):
+    # Rows shorter than one block of 64 (or one token past it); queries before a row's first real token read no key:
+    # the kernel gives them 0 and takes no gradient from their cotangent, which the dense reference (a uniform
+    # average there) would pass back, so the reference gets the cotangent on live queries only.
+    rng = np.random.default_rng(length)
+    segments = awkward_segments(length, all_padding)
+    q, k, v = awkward_inputs(rng, length)
+    mask = causal_segment_mask(segments)
+    live = np.asarray(mask.any(axis=-1))
+    assert live.any() != all_padding and not live[0].any() and live[1].sum() == (not all_padding)
+    cotangent = jnp.asarray(rng.normal(size=q.shape), jnp.float32)
+    live_cotangent = cotangent * live[:, :, None, None, None]
+
+    def loss(fused, q, k, v):
+        if fused:
+            out = cpu_fused_attention(q, k, v, segments)
+            return jnp.sum(out * cotangent), out
+        out = grouped_attention(q, k, v, mask)
+        return jnp.sum(out * live_cotangent), out
+
+    gradient = jax.jit(jax.value_and_grad(loss, argnums=(1, 2, 3), has_aux=True), static_argnums=0)
+    (_, expected), expected_grads = gradient(False, q, k, v)
+    (_, actual), actual_grads = gradient(True, q, k, v)
+    actual = np.asarray(actual)
+    np.testing.assert_allclose(actual[live], np.asarray(expected)[live], rtol=1e-5, atol=1e-5)
+    assert not actual[~live].any()  # 0, not NaN
+    assert not np.asarray(actual_grads[0])[~live].any()
+    for name, got, want in zip("qkv", actual_grads, expected_grads):
+        assert np.isfinite(got).all(), f"d{name}"
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5, err_msg=f"d{name}")
+
+
+def test_threads_calling_the_kernel_at_once_each_get_the_single_threaded_result():
+    # Each call splits its pairs over OpenMP threads with per-thread workspaces; calls from several Python threads
+    # at once must neither share those buffers nor race on outputs.
+    segments = awkward_segments(200, all_padding=False)  # 4 blocks
+    call = jax.jit(jax.value_and_grad(lambda q, k, v: (cpu_fused_attention(q, k, v, segments) ** 2).sum(),
+                                      argnums=(0, 1, 2)))
+    inputs = [awkward_inputs(np.random.default_rng(seed), 200) for seed in range(4)]
+    expected = [jax.device_get(call(*x)) for x in inputs]
+    start, results = threading.Barrier(len(inputs)), [[] for _ in inputs]
+
+    def worker(i):
+        start.wait()
+        for _ in range(20):
+            results[i].append(jax.device_get(call(*inputs[i])))
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(len(inputs))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    for want, got in zip(expected, results):
+        assert len(got) == 20
+        for result in got:
+            jax.tree.map(np.testing.assert_array_equal, result, want)
 
 
 def test_kernel_is_built_once_into_the_cache(tmp_path, monkeypatch):
