@@ -9,6 +9,15 @@ the committed tiny tokenizer (numbers in chunks of up to three digits) and once 
 token per digit (as Qwen's). Every `--every` steps it measures teacher-forced copy accuracy: the share of the tokens
 of copied numbers (the program's numbers, the answer's numbers) that the model predicts exactly, on 64 held-out drills.
 Both runs see the same drills in the same order and the same learning-rate schedule.
+
+`--layout demo --seeds 0,1` (issue 24: the demo's SFT copies on some seeds and not on others) instead trains exactly
+the demo's drill phase: the model initialised from each seed as `train_sft.model_seed`, the drill rows of
+`gin/sft/tiny_format.gin` from that seed as `train_sft.data_seed` (18 rows filled to 192 tokens a step) and its
+optimiser (`sft_optimizer` over the whole SFT's steps, so the drill steps see the demo's warm-up and rates; drilling
+past the demo's 400 steps continues the same cosine). Copy accuracy is measured the same way, on 64 held-out drills of
+the transcripts' chat layout (another seed), once with the committed tokenizer.
+
+    python -m experiments.bench.copy_probe --layout demo --seeds 0,1 --steps 540 --every 20 --json PATH
 """
 
 from __future__ import annotations
@@ -20,24 +29,30 @@ import os
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
+
+import gin
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from experiments.make_tiny_model import TINY_MODEL_GIN
+from experiments.sft import DEFAULT_GIN as SFT_GIN
 from rstar_jax.data.copy_drills import copy_drill_text
 from rstar_jax.gin_setup import parse_gin
 from rstar_jax.model import ModelConfig, forward, init_params, positions_from_mask
 from rstar_jax.parallel import make_mesh
 from rstar_jax.tokenizers import load_tokenizer
 from rstar_jax.train.batching import make_batch
-from rstar_jax.train.optim import adamw_optimizer
+from rstar_jax.train.optim import adamw_optimizer, sft_optimizer
 from rstar_jax.train.sft import make_sft_step
 from rstar_jax.train.sft_data import TrainingSequence
+from rstar_jax.train.sft_run import drill_batch
 from rstar_jax.train.state import init_train_state, train_state_shardings
 
+LAYOUTS = ("pieces", "demo")
+HELD_OUT_SEED = 10_000  # held-out drills' seed: no demo seed draws it
 NAMES = {1: "single_digits", 2: "two_digit_chunks", 3: "three_digit_chunks"}
 _BUILD_SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "build_tiny_tokenizer.py"
 
@@ -77,36 +92,61 @@ def _number_at(text: str, index: int) -> str:
     return text[start:end]
 
 
-def run(tokenizer_dir: Path, config: ModelConfig, steps: int, batch_size: int, every: int,
-        learning_rate: float) -> list[dict[str, float]]:
-    """Train on drills with `tokenizer_dir`; the copy accuracy curve."""
-    tokenizer = load_tokenizer(tokenizer_dir)
-    optimizer, schedule = adamw_optimizer(steps, learning_rate, warmup_fraction=0.1, end_fraction=0.05, b2=0.98)
+def copy_curve(tokenizer: Any, config: ModelConfig, params: Any, optimizer: Any, schedule: Any, steps: int,
+               every: int, drills: Callable[[int], list[TrainingSequence]],
+               held_out_texts: Sequence[str]) -> list[dict[str, float]]:
+    """Train `params` on `drills(step)` for `steps` steps; the copy accuracy on `held_out_texts` every `every` steps."""
     mesh = make_mesh(devices=jax.devices()[:1])
-    state = init_train_state(init_params(config, jax.random.key(0)), optimizer)
+    state = init_train_state(params, optimizer)
     shardings = train_state_shardings(state, mesh)
     state = jax.device_put(state, shardings)
-    step_fn = make_sft_step(config, optimizer, schedule, mesh, shardings, batch_size)
-    held_out = [copied_positions(tokenizer, copy_drill_text(index, seed=1)) for index in range(64)]
+    step_fns: dict[int, Any] = {}
+    held_out = [copied_positions(tokenizer, text) for text in held_out_texts]
     batch = make_batch([TrainingSequence(tuple(ids), (1,) * len(ids)) for ids, _ in held_out])
     targets = np.zeros(batch.shape, bool)
     for row, (_, copied) in enumerate(held_out):
         targets[row, :len(copied) - 1] = copied[1:]
     curve, started = [], time.monotonic()
     for step in range(steps + 1):
-        if step % every == 0:
+        if step % every == 0 or step == steps:
             mask = jnp.asarray(batch.attention_mask)
             predicted = np.asarray(jnp.argmax(forward(state.params, config, jnp.asarray(batch.input_ids),
                                                       positions_from_mask(mask), mask), -1))
             accuracy = float((predicted == batch.targets)[targets].mean())
             curve.append({"step": step, "copy_accuracy": accuracy, "seconds": time.monotonic() - started})
-            print(f"  {tokenizer_dir.name}: step {step}: copy accuracy {accuracy:.3f}", flush=True)
+            print(f"  step {step}: copy accuracy {accuracy:.3f}", flush=True)
         if step < steps:
-            texts = [copy_drill_text(step * batch_size + row, seed=0) for row in range(batch_size)]
-            rows = [TrainingSequence(tuple(ids), (1,) * len(ids))
-                    for ids in (tokenizer.encode(text, add_special_tokens=False) for text in texts)]
-            state, _ = step_fn(state, make_batch(rows))
+            rows = drills(step)
+            if len(rows) not in step_fns:
+                step_fns[len(rows)] = make_sft_step(config, optimizer, schedule, mesh, shardings, len(rows))
+            state, _ = step_fns[len(rows)](state, make_batch(rows))
     return curve
+
+
+def run(tokenizer_dir: Path, config: ModelConfig, steps: int, batch_size: int, every: int,
+        learning_rate: float) -> list[dict[str, float]]:
+    """Train on drills of whole pieces with `tokenizer_dir`; the copy accuracy curve."""
+    tokenizer = load_tokenizer(tokenizer_dir)
+    optimizer, schedule = adamw_optimizer(steps, learning_rate, warmup_fraction=0.1, end_fraction=0.05, b2=0.98)
+
+    def drills(step: int) -> list[TrainingSequence]:
+        texts = [copy_drill_text(step * batch_size + row, seed=0) for row in range(batch_size)]
+        return [TrainingSequence(tuple(ids), (1,) * len(ids))
+                for ids in (tokenizer.encode(text, add_special_tokens=False) for text in texts)]
+
+    return copy_curve(tokenizer, config, init_params(config, jax.random.key(0)), optimizer, schedule, steps, every,
+                      drills, [copy_drill_text(index, seed=1) for index in range(64)])
+
+
+def run_demo_drills(seed: int, config: ModelConfig, steps: int, every: int) -> list[dict[str, float]]:
+    """The demo's drill phase from `seed` (model and drill data), with its optimiser over the whole SFT's steps."""
+    tokenizer = load_tokenizer("tiny")
+    total = sum(gin.query_parameter(f"train_sft.{name}") for name in ("drill_steps", "short_steps", "steps"))
+    optimizer, schedule = sft_optimizer(total)
+    batch_size, length = (gin.query_parameter(f"train_sft.{name}") for name in ("drill_batch_size", "drill_length"))
+    return copy_curve(tokenizer, config, init_params(config, jax.random.key(seed)), optimizer, schedule, steps, every,
+                      lambda step: drill_batch(step, batch_size, tokenizer, seed, 3, length),
+                      [copy_drill_text(index, seed=HELD_OUT_SEED) for index in range(64)])
 
 
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
@@ -117,18 +157,28 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--every", type=int, default=50)
     parser.add_argument("--learning_rate", type=float, default=5e-3)
     parser.add_argument("--digits", default="3,1", help="digits per number token to compare, e.g. 3,1 or 3")
+    parser.add_argument("--layout", choices=LAYOUTS, default="pieces",
+                        help="'demo': the demo's drill phase from each of --seeds (see above)")
+    parser.add_argument("--seeds", default="0", help="with --layout demo: the seeds, e.g. 0,1,2")
     parser.add_argument("--gin_param", action="append", default=[], help="e.g. 'ModelConfig.num_kv_heads = 8'")
     parser.add_argument("--json", type=Path, default=None, help="write the figures here")
     args = parser.parse_args(argv)
-    parse_gin([TINY_MODEL_GIN], args.gin_param)
+    parse_gin([TINY_MODEL_GIN, *([SFT_GIN] if args.layout == "demo" else [])], args.gin_param)
     config = ModelConfig()
-    results: dict[str, Any] = {"steps": args.steps, "batch_size": args.batch_size, "load_average": os.getloadavg()}
-    with tempfile.TemporaryDirectory() as scratch:
-        for digits in (int(value) for value in args.digits.split(",")):
-            name = NAMES[digits]
-            folder = build_tokenizer(Path(scratch) / name, digits)
-            results[name] = run(folder, config, args.steps, args.batch_size, args.every, args.learning_rate)
-    final = {name: results[name][-1]["copy_accuracy"] for name in NAMES.values() if name in results}
+    results: dict[str, Any] = {"steps": args.steps, "layout": args.layout, "load_average": os.getloadavg()}
+    if args.layout == "demo":
+        for seed in (int(value) for value in args.seeds.split(",")):
+            print(f"seed {seed}:", flush=True)
+            results[f"seed_{seed}"] = run_demo_drills(seed, config, args.steps, args.every)
+        final = {name: curve[-1]["copy_accuracy"] for name, curve in results.items() if name.startswith("seed_")}
+    else:
+        results["batch_size"] = args.batch_size
+        with tempfile.TemporaryDirectory() as scratch:
+            for digits in (int(value) for value in args.digits.split(",")):
+                name = NAMES[digits]
+                folder = build_tokenizer(Path(scratch) / name, digits)
+                results[name] = run(folder, config, args.steps, args.batch_size, args.every, args.learning_rate)
+        final = {name: results[name][-1]["copy_accuracy"] for name in NAMES.values() if name in results}
     print(json.dumps(final))
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
