@@ -32,7 +32,6 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 import gin
-
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -145,12 +144,13 @@ def run_demo_drills(seed: int, config: ModelConfig, steps: int, every: int) -> l
     optimizer, schedule = sft_optimizer(total)
     batch_size, length = (gin.query_parameter(f"train_sft.{name}") for name in ("drill_batch_size", "drill_length"))
     return copy_curve(tokenizer, config, init_params(config, jax.random.key(seed)), optimizer, schedule, steps, every,
-                      lambda step: drill_batch(step, batch_size, tokenizer, seed, 3, length),
+                      lambda step: drill_batch(step, batch_size, tokenizer, seed, snippets=3, length=length),
                       [copy_drill_text(index, seed=HELD_OUT_SEED) for index in range(64)])
 
 
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
-    """Command-line entry point: both tokenisations, curves printed and written as JSON."""
+    """Command-line entry point: the copy-accuracy curves (tokenisations, or the demo's drills from each seed),
+    printed and written as JSON."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--steps", type=int, default=400)
     parser.add_argument("--batch_size", type=int, default=16)
