@@ -8,29 +8,35 @@
    k times at T=1 (avg@k) and once greedily, through the JAX engine, the agent loop and the sandbox.
 3. GRPO-RoC (SPEC 4; gin `RLSettings`, `Stage`, `make_selector`): stages of rollouts on the JAX engine, verified
    rewards, Resample-on-Correct, the clipped policy update, weights pushed to the engine after every step.
-4. The same held-out evaluation after RL, and the comparison: accuracy at T=1 and greedy, and the tool-error ratio
-   among correct trajectories (SPEC 4's Figure 4 measure).
-Writes OUT/demo_summary.json (with avg@k per problem kind), OUT/heldout_{after_sft,after_rl}_{sampled,greedy}.jsonl
-(one record per held-out problem: its samples' verdicts, answers, lengths, tool calls and errors), OUT/demo.log,
-OUT/operative_config.gin, OUT/sft/ and OUT/rl/ (metrics.jsonl,
-tensorboard/, plots/, checkpoints/, model/). An interrupted demo run again with the same OUT resumes.
+4. The same held-out evaluation after RL, and the comparison: accuracy at T=1 and greedy with its change paired over
+   the problems (and that change's standard error), and the tool-error ratio among correct trajectories (SPEC 4's
+   Figure 4 measure). Last, the run's figures beside the range seed runs measured
+   (experiments/reports/demo_seeds/range.json, from `experiments.demo_seeds`) and what a figure outside it suggests.
+Writes OUT/demo_summary.json (with avg@k per problem kind, the paired changes and the lines against the range),
+OUT/heldout_{after_sft,after_rl}_{sampled,greedy}.jsonl (one record per held-out problem: its samples' verdicts,
+answers, lengths, tool calls and errors), OUT/demo.log, OUT/operative_config.gin, OUT/sft/ and OUT/rl/
+(metrics.jsonl, tensorboard/, plots/, checkpoints/, model/). An interrupted demo run again with the same OUT resumes.
 
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import time
 from pathlib import Path
 from typing import Any, Sequence
 
+from experiments.demo_seeds import against_seed_range
 from experiments.make_tiny_model import TINY_MODEL_GIN
 from experiments.sft import DEFAULT_GIN as SFT_GIN
 from rstar_jax.console import log_to, phase, say
 from rstar_jax.eval.heldout import HeldOutEval
 from rstar_jax.eval.benchmark_report import problem_records_jsonl
-from rstar_jax.eval.report import accuracy_by_kind, comparison_table, example_text, kind_table
+from rstar_jax.eval.report import (accuracy_by_kind, change_text, comparison_table, example_text, kind_table,
+                                   paired_changes)
+from rstar_jax.eval.seed_range import SEED_PARAMETERS, config_fingerprint
 from rstar_jax.gin_setup import knob_help, parse_gin, write_operative_config
 from rstar_jax.model import load_hf
 from rstar_jax.model.folder import save_model_folder
@@ -53,7 +59,7 @@ def seed_bindings(seed: int | None) -> list[str]:
     """Gin bindings that give every seeded part of the demo `seed` (none for None); evaluation keeps its own."""
     if seed is None:
         return []
-    return [f"train_sft.model_seed = {seed}", f"train_sft.data_seed = {seed}", f"RLSettings.seed = {seed}"]
+    return [f"{parameter} = {seed}" for parameter in SEED_PARAMETERS]
 
 
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
@@ -95,20 +101,25 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         results = {"after_sft": before, "after_rl": after}
         by_kind = {when: {name: accuracy_by_kind(result) for name, result in by_mode.items()}
                    for when, by_mode in results.items()}
+        changes = paired_changes(before, after)
         summary = {**{when: {name: result.summary for name, result in by_mode.items()}
                       for when, by_mode in results.items()},
                    "accuracy_by_kind": by_kind,
+                   "paired_change": {mode: dataclasses.asdict(change) for mode, change in changes.items()},
                    "seed": args.seed, "total_seconds": time.monotonic() - started,
                    "phase_seconds": {"sft": sft_time["seconds"], "eval_before": before_time["seconds"],
                                      "rl": rl_time["seconds"], "eval_after": after_time["seconds"]}}
-        write_operative_config(out)
+        summary["against_seed_range"] = against_seed_range(
+            summary, config_fingerprint(write_operative_config(out).read_text()))
         (out / "demo_summary.json").write_text(json.dumps(summary, indent=1) + "\n")
         for when, by_mode in results.items():
             for name, result in by_mode.items():
                 (out / f"heldout_{when}_{name}.jsonl").write_text(problem_records_jsonl(result, tokenizer))
         say(comparison_table(before, after))
+        say(change_text(changes))
         say(kind_table(by_kind["after_sft"], by_kind["after_rl"]))
         say(example_text(after["sampled"], tokenizer))
+        say("\n".join(summary["against_seed_range"]))
         say(f"demo finished in {summary['total_seconds']:.0f} s; figures in {out / 'demo_summary.json'}, "
             f"RL plots in {out / 'rl' / 'plots'}")
     return summary

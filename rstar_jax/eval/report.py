@@ -1,7 +1,7 @@
 """Text a person reads at the end of a run: the before/after comparison and one trajectory shown in full.
 
-Pure formatting of `EvalResult`s (SPEC 7's figures: accuracy, and SPEC 4's tool-error ratio among correct
-trajectories), so the demo, evaluation and ablation scripts print the same table.
+Pure formatting of `EvalResult`s (SPEC 7's figures: accuracy and its paired change, and SPEC 4's tool-error ratio
+among correct trajectories), so the demo, evaluation and ablation scripts print the same table.
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ from typing import Any, Mapping
 
 from rstar_jax.agent.trajectory import sampled_turn_texts
 from rstar_jax.eval.agentic import EvalResult
+from rstar_jax.eval.metrics import PairedChange, paired_change, solved_shares
 from rstar_jax.reward.extraction import extract_final_answer
 
 ROWS = (
@@ -44,6 +45,20 @@ def comparison_table(before: Mapping[str, EvalResult], after: Mapping[str, EvalR
     return "\n".join(lines)
 
 
+def paired_changes(before: Mapping[str, EvalResult], after: Mapping[str, EvalResult]) -> dict[str, PairedChange]:
+    """The `paired_change` of accuracy per problem for each mode both sides evaluated (sampled, greedy)."""
+    return {mode: paired_change(solved_shares(before[mode].problems), solved_shares(after[mode].problems))
+            for mode in before if mode in after}
+
+
+def change_text(changes: Mapping[str, PairedChange]) -> str:
+    """One line per mode ("sampled", "greedy"): the paired change of accuracy in points with its standard error,
+    e.g. "T=1 accuracy change: +12.5 points (standard error 3.1, paired over 64 problems)"."""
+    return "\n".join(f"{'T=1' if mode == 'sampled' else mode} accuracy change: {100 * change.mean:+.1f} points "
+                     f"(standard error {100 * change.standard_error:.1f}, paired over {change.problems} problems)"
+                     for mode, change in changes.items())
+
+
 def problem_kind(problem_id: str) -> str:
     """The family a problem belongs to: a synthetic task's kind ("synthetic/multiply/d1/s7/0" -> "multiply"),
     otherwise the first part of its id (a benchmark set's name)."""
@@ -54,8 +69,8 @@ def problem_kind(problem_id: str) -> str:
 def accuracy_by_kind(result: EvalResult) -> dict[str, float]:
     """avg@k (SPEC 7) within each `problem_kind`, in first-seen order: where the held-out accuracy comes from."""
     solved: dict[str, list[float]] = defaultdict(list)
-    for record in result.problems:
-        solved[problem_kind(record["id"])].append(record["correct"] / record["samples"])
+    for problem_id, share in solved_shares(result.problems).items():
+        solved[problem_kind(problem_id)].append(share)
     return {kind: sum(shares) / len(shares) for kind, shares in solved.items()}
 
 

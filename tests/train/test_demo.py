@@ -47,6 +47,18 @@ def test_the_demo_runs_every_phase_and_reports_the_comparison(tmp_path: Path) ->
     summary = json.loads((out / "demo_summary.json").read_text())
     assert summary["seed"] == 3 and set(summary["phase_seconds"]) == {"sft", "eval_before", "rl", "eval_after"}
     assert "train_sft.model_seed = 3" in (out / "operative_config.gin").read_text()
+    changes = summary["paired_change"]  # per problem, after RL minus after SFT: its mean is the accuracy change
+    assert set(changes) == {"sampled", "greedy"} and changes["sampled"]["problems"] == 4
+    for mode, change in changes.items():
+        assert change["mean"] == pytest.approx(summary["after_rl"][mode]["accuracy"]
+                                               - summary["after_sft"][mode]["accuracy"])
+    assert "T=1 accuracy change:" in result.stdout and "greedy accuracy change:" in result.stdout
+    # Read against the committed seed range (its figures; another config than the shrunken one's), or told it is
+    # missing and how to make it.
+    against = summary["against_seed_range"]
+    assert all(line in result.stdout for line in against)
+    assert ("is missing" in against[0] and "experiments.demo_seeds" in against[0]) or any(
+        line.startswith("-> your config differs") for line in against), against
     for when in ("after_sft", "after_rl"):
         sampled = summary[when]["sampled"]
         assert sampled["problems"] == 4 and sampled["samples"] == 2
