@@ -7,17 +7,24 @@ The same seeded tiny model (gin/model/tiny.gin) is trained from scratch on copy 
 synthetic questions followed by their programs, program outputs followed by the answers that repeat them), once with
 the committed tiny tokenizer (numbers in chunks of up to three digits) and once with the same tokenizer built with one
 token per digit (as Qwen's). Every `--every` steps it measures teacher-forced copy accuracy: the share of the tokens
-of copied numbers (the program's numbers, the answer's numbers) that the model predicts exactly, on 64 held-out drills.
-Both runs see the same drills in the same order and the same learning-rate schedule.
+of numbers an assistant turn copies from earlier in the text that the model predicts exactly, on 64 held-out drills,
+over all and by kind (`COPY_KINDS`: a question's numbers into its first program, a failed program's into its fix,
+outputs into answers). Both runs see the same drills in the same order and the same learning-rate schedule.
 
 `--layout demo --seeds 0,1` (issue 24: the demo's SFT copies on some seeds and not on others) instead trains exactly
 the demo's drill phase: the model initialised from each seed as `train_sft.model_seed`, the drill rows of
-`gin/sft/tiny_format.gin` from that seed as `train_sft.data_seed` (18 rows filled to 192 tokens a step) and its
-optimiser (`sft_optimizer` over the whole SFT's steps, so the drill steps see the demo's warm-up and rates; drilling
-past the demo's 400 steps continues the same cosine). Copy accuracy is measured the same way, on 64 held-out drills of
-the transcripts' chat layout (another seed), once with the committed tokenizer.
+`gin/sft/tiny_format.gin` from that seed as `train_sft.data_seed` (18 rows filled to 192 tokens a step, its share of
+retries) and its optimiser (`sft_optimizer` over the whole SFT's steps, so the drill steps see the demo's warm-up and
+rates; drilling past the demo's 400 steps continues the same cosine). Copy accuracy is measured the same way, on 64
+held-out drills of the transcripts' chat layout (another seed), once with the committed tokenizer.
 
     python -m experiments.bench.copy_probe --layout demo --seeds 0,1 --steps 540 --every 20 --json PATH
+
+`--layout transcripts --models DIR ...` trains nothing: it measures the same copy accuracy of trained models (a
+demo's OUT/sft/model) on whole held-out SFT transcripts, as rollouts see them (system prompt and tool schema, real
+sandbox outputs, half with a failed first call and its fix).
+
+    python -m experiments.bench.copy_probe --layout transcripts --models runs/demo/sft/model --json PATH
 """
 
 from __future__ import annotations
@@ -40,17 +47,18 @@ from experiments.make_tiny_model import TINY_MODEL_GIN
 from experiments.sft import DEFAULT_GIN as SFT_GIN
 from rstar_jax.data.copy_drills import copy_drill_text
 from rstar_jax.gin_setup import parse_gin
-from rstar_jax.model import ModelConfig, forward, init_params, positions_from_mask
+from rstar_jax.model import ModelConfig, forward, init_params, load_hf, positions_from_mask
 from rstar_jax.parallel import make_mesh
 from rstar_jax.tokenizers import load_tokenizer
+from rstar_jax.tokenizers.special_tokens import IM_START
 from rstar_jax.train.batching import make_batch
 from rstar_jax.train.optim import adamw_optimizer, sft_optimizer
 from rstar_jax.train.sft import make_sft_step
-from rstar_jax.train.sft_data import TrainingSequence
+from rstar_jax.train.sft_data import TrainingSequence, cached_sft_sequences
 from rstar_jax.train.sft_run import drill_batch
 from rstar_jax.train.state import init_train_state, train_state_shardings
 
-LAYOUTS = ("pieces", "demo")
+LAYOUTS = ("pieces", "demo", "transcripts")
 HELD_OUT_SEED = 10_000  # held-out drills' seed: no demo seed draws it
 NAMES = {1: "single_digits", 2: "two_digit_chunks", 3: "three_digit_chunks"}
 _BUILD_SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "build_tiny_tokenizer.py"
@@ -64,20 +72,38 @@ def build_tokenizer(out: Path, digits_per_token: int) -> Path:
     return module.build(out, digits_per_token)
 
 
-def copied_positions(tokenizer: Any, text: str) -> tuple[list[int], list[bool]]:
-    """Token ids of a drill and, per id, whether it is part of a number that appeared earlier in the drill (a
-    copy: a program's numbers after its question, an answer's after the output)."""
+COPY_KINDS = ("first_call", "retry", "answer")
+
+
+def copied_positions(tokenizer: Any, text: str) -> tuple[list[int], list[str | None]]:
+    """Token ids of a chat-layout text (drills or transcripts) and, per id, the kind of copy it is part of, for
+    numbers an assistant turn writes that appeared earlier in the text: "first_call" inside a tool call of a turn
+    answering a question (the question's numbers into its program), "retry" inside a tool call of a turn answering a
+    tool response (a failed program's numbers into its fix), "answer" anywhere else (an output into the answer);
+    None for a token that is no copy."""
     ids = tokenizer.encode(text, add_special_tokens=False)
     pieces = [tokenizer.decode([token]) for token in ids]
-    copied, seen, offset = [], set(), 0
+    kinds: list[str | None] = []
+    seen, offset = set(), 0
     for piece in pieces:
         start = text.index(piece, offset) if piece else offset
         offset = start + len(piece)
         number = _number_at(text, start) if piece.strip().isdigit() else None
-        copied.append(number is not None and number in seen)
+        kinds.append(_copy_kind(text, start) if number is not None and number in seen else None)
         if number is not None:
             seen.add(number)
-    return ids, copied
+    return ids, kinds
+
+
+def _copy_kind(text: str, start: int) -> str | None:
+    """The COPY_KINDS entry of a repeated number at `start`, or None outside an assistant turn."""
+    turn = text.rfind(IM_START, 0, start)
+    if not text.startswith(f"{IM_START}assistant", turn):
+        return None
+    if text.count("<tool_call>", turn, start) <= text.count("</tool_call>", turn, start):
+        return "answer"
+    previous = text.rfind(f"{IM_START}user\n", 0, turn)
+    return "retry" if text.startswith("<tool_response>", previous + len(f"{IM_START}user\n")) else "first_call"
 
 
 def _number_at(text: str, index: int) -> str:
@@ -91,6 +117,32 @@ def _number_at(text: str, index: int) -> str:
     return text[start:end]
 
 
+def held_out_copies(tokenizer: Any, texts: Sequence[str]) -> tuple[Any, np.ndarray]:
+    """One batch of `texts` and, aligned with its targets, each target's copy kind (None: no copy)."""
+    held_out = [copied_positions(tokenizer, text) for text in texts]
+    batch = make_batch([TrainingSequence(tuple(ids), (1,) * len(ids)) for ids, _ in held_out])
+    kinds = np.full(batch.shape, None, object)
+    for row, (_, copied) in enumerate(held_out):
+        kinds[row, :len(copied) - 1] = copied[1:]
+    return batch, kinds
+
+
+def copy_accuracy(params: Any, config: ModelConfig, batch: Any, kinds: np.ndarray) -> dict[str, Any]:
+    """Teacher-forced: the share of copied tokens predicted exactly (argmax), over all and by COPY_KINDS."""
+    mask = jnp.asarray(batch.attention_mask)
+    predicted = np.asarray(jnp.argmax(forward(params, config, jnp.asarray(batch.input_ids), positions_from_mask(mask),
+                                              mask), -1))
+    right = predicted == np.asarray(batch.targets)
+    return {"copy_accuracy": float(right[kinds != None].mean()),  # noqa: E711 (elementwise)
+            "by_kind": {kind: float(right[kinds == kind].mean()) for kind in COPY_KINDS if (kinds == kind).any()},
+            "copies": {kind: int((kinds == kind).sum()) for kind in COPY_KINDS}}
+
+
+def _shown(figures: dict[str, Any]) -> str:
+    return f"copy accuracy {figures['copy_accuracy']:.3f} " + " ".join(
+        f"{kind} {value:.3f}" for kind, value in figures["by_kind"].items())
+
+
 def copy_curve(tokenizer: Any, config: ModelConfig, params: Any, optimizer: Any, schedule: Any, steps: int,
                every: int, drills: Callable[[int], list[TrainingSequence]],
                held_out_texts: Sequence[str]) -> list[dict[str, float]]:
@@ -100,26 +152,34 @@ def copy_curve(tokenizer: Any, config: ModelConfig, params: Any, optimizer: Any,
     shardings = train_state_shardings(state, mesh)
     state = jax.device_put(state, shardings)
     step_fns: dict[int, Any] = {}
-    held_out = [copied_positions(tokenizer, text) for text in held_out_texts]
-    batch = make_batch([TrainingSequence(tuple(ids), (1,) * len(ids)) for ids, _ in held_out])
-    targets = np.zeros(batch.shape, bool)
-    for row, (_, copied) in enumerate(held_out):
-        targets[row, :len(copied) - 1] = copied[1:]
+    batch, kinds = held_out_copies(tokenizer, held_out_texts)
     curve, started = [], time.monotonic()
     for step in range(steps + 1):
         if step % every == 0 or step == steps:
-            mask = jnp.asarray(batch.attention_mask)
-            predicted = np.asarray(jnp.argmax(forward(state.params, config, jnp.asarray(batch.input_ids),
-                                                      positions_from_mask(mask), mask), -1))
-            accuracy = float((predicted == batch.targets)[targets].mean())
-            curve.append({"step": step, "copy_accuracy": accuracy, "seconds": time.monotonic() - started})
-            print(f"  step {step}: copy accuracy {accuracy:.3f}", flush=True)
+            figures = copy_accuracy(state.params, config, batch, kinds)
+            curve.append({"step": step, **figures, "seconds": time.monotonic() - started})
+            print(f"  step {step}: {_shown(figures)}", flush=True)
         if step < steps:
             rows = drills(step)
             if len(rows) not in step_fns:
                 step_fns[len(rows)] = make_sft_step(config, optimizer, schedule, mesh, shardings, len(rows))
             state, _ = step_fns[len(rows)](state, make_batch(rows))
     return curve
+
+
+def transcript_copies(model_dirs: Sequence[Path], count: int) -> dict[str, dict[str, Any]]:
+    """Teacher-forced copy accuracy of trained models on `count` whole held-out SFT transcripts (system prompt, tool
+    schema, real sandbox outputs; data seed HELD_OUT_SEED, generated here against a sandbox server)."""
+    tokenizer = load_tokenizer("tiny")
+    with tempfile.TemporaryDirectory() as scratch:
+        sequences = cached_sft_sequences(Path(scratch) / "transcripts.jsonl", count, HELD_OUT_SEED, tokenizer)
+    batch, kinds = held_out_copies(tokenizer, [tokenizer.decode(list(sequence.token_ids)) for sequence in sequences])
+    results = {}
+    for model_dir in model_dirs:
+        model = load_hf(model_dir)
+        results[str(model_dir)] = copy_accuracy(model.params, model.config, batch, kinds)
+        print(f"{model_dir}: {_shown(results[str(model_dir)])}", flush=True)
+    return results
 
 
 def run(tokenizer_dir: Path, config: ModelConfig, steps: int, batch_size: int, every: int,
@@ -144,7 +204,8 @@ def run_demo_drills(seed: int, config: ModelConfig, steps: int, every: int) -> l
     optimizer, schedule = sft_optimizer(total)
     batch_size, length = (gin.query_parameter(f"train_sft.{name}") for name in ("drill_batch_size", "drill_length"))
     return copy_curve(tokenizer, config, init_params(config, jax.random.key(seed)), optimizer, schedule, steps, every,
-                      lambda step: drill_batch(step, batch_size, tokenizer, seed, snippets=3, length=length),
+                      lambda step: drill_batch(step, batch_size, tokenizer, seed, snippets=3, length=length,
+                                               retries=gin.query_parameter("train_sft.drill_retries")),
                       [copy_drill_text(index, seed=HELD_OUT_SEED) for index in range(64)])
 
 
@@ -160,13 +221,20 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--layout", choices=LAYOUTS, default="pieces",
                         help="'demo': the demo's drill phase from each of --seeds (see above)")
     parser.add_argument("--seeds", default="0", help="with --layout demo: the seeds, e.g. 0,1,2")
+    parser.add_argument("--models", nargs="+", type=Path, default=[],
+                        help="with --layout transcripts: trained model folders (e.g. a demo's OUT/sft/model)")
+    parser.add_argument("--transcripts", type=int, default=48, help="with --layout transcripts: how many")
     parser.add_argument("--gin_param", action="append", default=[], help="e.g. 'ModelConfig.num_kv_heads = 8'")
     parser.add_argument("--json", type=Path, default=None, help="write the figures here")
     args = parser.parse_args(argv)
-    parse_gin([TINY_MODEL_GIN, *([SFT_GIN] if args.layout == "demo" else [])], args.gin_param)
+    parse_gin([TINY_MODEL_GIN, *([SFT_GIN] if args.layout != "pieces" else [])], args.gin_param)
     config = ModelConfig()
     results: dict[str, Any] = {"steps": args.steps, "layout": args.layout, "load_average": os.getloadavg()}
-    if args.layout == "demo":
+    if args.layout == "transcripts":
+        results["transcripts"] = args.transcripts
+        results["models"] = transcript_copies(args.models, args.transcripts)
+        final = {name: figures["by_kind"] for name, figures in results["models"].items()}
+    elif args.layout == "demo":
         for seed in (int(value) for value in args.seeds.split(",")):
             print(f"seed {seed}:", flush=True)
             results[f"seed_{seed}"] = run_demo_drills(seed, config, args.steps, args.every)

@@ -10,6 +10,12 @@ program across the assistant turn's opening (its reason and the tool call's JSON
 program right after the question taught a copy that the model did not use inside transcripts (teacher-forced, the
 first program's numbers were right 7-44% of the time depending on the seed, against 55-75% for the other copies).
 
+A third kind of piece, a retry (a question, a first call whose last line is broken, the sandbox's error and the
+fixed call), teaches the copy a transcript's second call makes: the question's numbers again, across a whole failed
+turn. Drills of the first two kinds alone taught the model to copy from the turn just before, which a retry's is not:
+the demo's SFT models then copied 0-15% of a fixed call's numbers, teacher-forced on held-out transcripts, against
+~79% of a first call's (BENCHMARKS.md, "Copying numbers"), and half the SFT transcripts retry.
+
 Questions come from the training split of the synthetic tasks; the outputs are random numbers, not the tasks'
 answers, so no drill states an answer. Drill `index` of `seed` is always the same sequence.
 """
@@ -25,61 +31,108 @@ from transformers import PreTrainedTokenizerBase
 from rstar_jax.agent.tool_call import ToolCall, tool_call_text
 from rstar_jax.agent.tool_protocol import FixedOutcome
 from rstar_jax.agent.tool_response import format_tool_response
-from rstar_jax.data.synthetic import KINDS, synthetic_task
-from rstar_jax.data.synthetic_sft import INTROS, final_turn_text
+from rstar_jax.data.synthetic import KINDS, SyntheticTask, synthetic_task
+from rstar_jax.data.synthetic_sft import (DEFAULT_FAULT_KINDS, INTROS, SolutionPlan, assistant_turns,
+                                          faulty_version, final_turn_text)
 from rstar_jax.tokenizers.special_tokens import IM_END, IM_START
 
 MAX_DIFFICULTY = 3
+# The sandbox's stderr for each broken last line `synthetic_sft.faulty_version` writes ({line}: the line it is on;
+# CPython 3.11's wording), so a retry shows the real error without running the tool. The sandbox test of the SFT
+# transcripts holds them to the server's (tests/data/test_synthetic_sft_sandbox.py).
+FAULT_STDERR = {
+    "print(result": '  File "<code>", line {line}\n    print(result\n         ^\n'
+                    "SyntaxError: '(' was never closed\n",
+    "print result": '  File "<code>", line {line}\n    print result\n    ^^^^^^^^^^^^\n'
+                    "SyntaxError: Missing parentheses in call to 'print'. Did you mean print(...)?\n",
+    "print(answer)": 'Traceback (most recent call last):\n  File "<code>", line {line}, in <module>\n'
+                     "    print(answer)\n           ^^^^^^\nNameError: name 'answer' is not defined\n",
+    "print(reslt)": 'Traceback (most recent call last):\n  File "<code>", line {line}, in <module>\n'
+                    "    print(reslt)\n           ^^^^^\nNameError: name 'reslt' is not defined\n",
+}
 
 
 def _turn(role: str, text: str) -> str:
     return f"{IM_START}{role}\n{text}{IM_END}\n"
 
 
+def _tool_response_turn(outcome: FixedOutcome) -> str:
+    return _turn("user", f"<tool_response>\n{format_tool_response(outcome, show_duration=False)}\n</tool_response>")
+
+
+def _task(rng: random.Random, seed: int, kinds: Sequence[str]) -> SyntheticTask:
+    return synthetic_task(rng.randrange(1 << 30), seed, rng.randint(1, MAX_DIFFICULTY), rng.choice(kinds), "train")
+
+
 def _question_and_program(rng: random.Random, seed: int, kinds: Sequence[str]) -> str:
-    task = synthetic_task(rng.randrange(1 << 30), seed, rng.randint(1, MAX_DIFFICULTY), rng.choice(kinds), "train")
+    task = _task(rng, seed, kinds)
     call = tool_call_text(ToolCall(code=task.solution_code))
     return _turn("user", task.problem.question) + _turn("assistant", f"<reason>{rng.choice(INTROS)}</reason>\n{call}")
 
 
+def fault_outcome(faulty_code: str) -> FixedOutcome:
+    """The sandbox's outcome for a program whose last line `faulty_version` broke (FAULT_STDERR)."""
+    lines = faulty_code.splitlines()
+    return FixedOutcome("error", "", FAULT_STDERR[lines[-1]].format(line=len(lines)), 1, 0.0)
+
+
+def _question_and_retry(rng: random.Random, seed: int, kinds: Sequence[str]) -> str:
+    """A question, the faulty first call, its error and the fixed call, worded as `synthetic_sft` words them."""
+    task = _task(rng, seed, kinds)
+    intro, fault = rng.choice(INTROS), rng.choice(DEFAULT_FAULT_KINDS)
+    plan = SolutionPlan(task, intro, fault, faulty_version(task.solution_code, fault, rng))
+    error = fault_outcome(plan.faulty_code)
+    first, fix, _ = assistant_turns(plan, [error, FixedOutcome("ok", task.problem.answer + "\n", "", 0, 0.0)])
+    return (_turn("user", task.problem.question) + _turn("assistant", first.text) + _tool_response_turn(error)
+            + _turn("assistant", fix.text))
+
+
 def _output_and_answer(rng: random.Random) -> str:
     value = str(rng.randrange(10 ** rng.randint(1, 6)))
-    response = format_tool_response(FixedOutcome("ok", value + "\n", "", 0, 0.0), show_duration=False)
-    return _turn("user", f"<tool_response>\n{response}\n</tool_response>") + _turn("assistant", final_turn_text(value))
+    return _tool_response_turn(FixedOutcome("ok", value + "\n", "", 0, 0.0)) + _turn("assistant", final_turn_text(value))
 
 
-def _pieces(index: int, seed: int, kinds: Sequence[str]) -> Iterator[str]:
-    """Drill `index` of `seed`'s pieces, endlessly: questions with their tool calls or tool responses with the final
-    turns that box them, half of each in a seeded order."""
+def _pieces(index: int, seed: int, kinds: Sequence[str], retries: float) -> Iterator[str]:
+    """Drill `index` of `seed`'s pieces, endlessly, in a seeded order: a share `retries` of retries, the rest half
+    questions with their tool calls, half tool responses with the final turns that box them."""
+    if not 0.0 <= retries < 1.0:
+        raise ValueError(f"the share of retry pieces must be within [0, 1), got {retries}")
     rng = random.Random(f"copy-drill:{seed}:{index}")
     while True:
-        yield _question_and_program(rng, seed, kinds) if rng.random() < 0.5 else _output_and_answer(rng)
+        draw = rng.random()
+        if draw < retries:
+            yield _question_and_retry(rng, seed, kinds)
+        elif draw < retries + (1.0 - retries) / 2:
+            yield _question_and_program(rng, seed, kinds)
+        else:
+            yield _output_and_answer(rng)
 
 
-def copy_drill_text(index: int, seed: int = 0, snippets: int = 4, kinds: Sequence[str] = KINDS) -> str:
+def copy_drill_text(index: int, seed: int = 0, snippets: int = 4, kinds: Sequence[str] = KINDS,
+                    retries: float = 0.0) -> str:
     """Drill `index` of `seed` as text: `snippets` pieces in the transcripts' chat layout, each a question with the
-    tool call that runs its program or a tool response with the final turn that boxes its output (half of each, in a
-    seeded order)."""
+    tool call that runs its program, a tool response with the final turn that boxes its output, or (a share
+    `retries`) a question with a failed call, its error and the fixed call; in a seeded order."""
     if snippets < 1:
         raise ValueError(f"a copy drill needs at least one snippet, got {snippets}")
-    return "".join(itertools.islice(_pieces(index, seed, kinds), snippets))
+    return "".join(itertools.islice(_pieces(index, seed, kinds, retries), snippets))
 
 
 def copy_drill_ids(index: int, tokenizer: PreTrainedTokenizerBase, seed: int = 0, snippets: int = 4,
-                   kinds: Sequence[str] = KINDS) -> tuple[int, ...]:
+                   kinds: Sequence[str] = KINDS, retries: float = 0.0) -> tuple[int, ...]:
     """The token ids of drill `index` (every one is trained on: loss mask all ones)."""
-    return tuple(tokenizer.encode(copy_drill_text(index, seed, snippets, kinds), add_special_tokens=False))
+    return tuple(tokenizer.encode(copy_drill_text(index, seed, snippets, kinds, retries), add_special_tokens=False))
 
 
 def filled_drill_ids(index: int, tokenizer: PreTrainedTokenizerBase, length: int, seed: int = 0,
-                     kinds: Sequence[str] = KINDS) -> tuple[int, ...]:
+                     kinds: Sequence[str] = KINDS, retries: float = 0.0) -> tuple[int, ...]:
     """Drill `index`'s pieces, as many as it takes, cut to exactly `length` + 1 tokens: a training row of `length`
     next-token predictions with no padding (a row of whole pieces pads to its batch's longest, ~40% of the demo's
     drill rows). The first pieces are those of `copy_drill_text(index, seed)`; only the last is cut."""
     if length < 1:
         raise ValueError(f"a filled drill needs a positive length, got {length}")
     ids: list[int] = []
-    pieces = _pieces(index, seed, kinds)
+    pieces = _pieces(index, seed, kinds, retries)
     while len(ids) <= length:
         ids += tokenizer.encode(next(pieces), add_special_tokens=False)  # each piece starts with a special token
     return tuple(ids[:length + 1])

@@ -46,12 +46,13 @@ def transcript_batches(sequences: Sequence[TrainingSequence], batch_size: int, s
 
 
 def drill_batch(step: int, batch_size: int, tokenizer: object, seed: int, snippets: int,
-                length: int | None = None) -> list[TrainingSequence]:
+                length: int | None = None, retries: float = 0.0) -> list[TrainingSequence]:
     """The copy drills of drill step `step`: drills step * batch_size ... + batch_size - 1 of `seed`, each of
-    `snippets` whole pieces, or (with `length`) filled with pieces to exactly `length` predictions."""
+    `snippets` whole pieces, or (with `length`) filled with pieces to exactly `length` predictions; a share `retries`
+    of the pieces are retries (`rstar_jax.data.copy_drills`)."""
     indices = range(step * batch_size, (step + 1) * batch_size)
-    drills = [copy_drill_ids(index, tokenizer, seed, snippets) if length is None
-              else filled_drill_ids(index, tokenizer, length, seed) for index in indices]
+    drills = [copy_drill_ids(index, tokenizer, seed, snippets, retries=retries) if length is None
+              else filled_drill_ids(index, tokenizer, length, seed, retries=retries) for index in indices]
     return [TrainingSequence(ids, (1,) * len(ids)) for ids in drills]
 
 
@@ -83,7 +84,7 @@ def _restore(manager: ocp.CheckpointManager, like: TrainState, shardings: TrainS
 @gin.configurable
 def train_sft(out: str | Path, steps: int = 100, batch_size: int = 16, num_transcripts: int = 256,
               drill_steps: int = 0, drill_batch_size: int = 16, short_steps: int = 0, short_batch_size: int = 8,
-              drill_snippets: int = 3, drill_length: int | None = None,
+              drill_snippets: int = 3, drill_length: int | None = None, drill_retries: float = 0.0,
               data_seed: int = 0, model_seed: int = 0, tokenizer: str = "tiny", save_every: int = 25,
               stop_at_step: int | None = None, pad_multiple: int | None = None) -> Path | None:
     """Run (or resume) the format SFT into `out`; returns the trained HF folder, or None when stopped early.
@@ -129,7 +130,8 @@ def train_sft(out: str | Path, steps: int = 100, batch_size: int = 16, num_trans
         for step in range(start, total):
             phase = "drills" if step < drill_steps else "short" if step < drill_steps + short_steps else "transcripts"
             if phase == "drills":
-                rows = drill_batch(step, drill_batch_size, token_source, data_seed, drill_snippets, drill_length)
+                rows = drill_batch(step, drill_batch_size, token_source, data_seed, drill_snippets, drill_length,
+                                   drill_retries)
             else:
                 rows = next(iterators["short_transcripts" if phase == "short" else "transcripts"])
             batch = make_batch(rows, pad_id, pad_multiple)

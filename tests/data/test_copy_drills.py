@@ -66,3 +66,27 @@ def test_a_filled_drill_is_its_pieces_cut_to_exactly_length_plus_one_tokens():
         assert ids == copy_drill_ids(index, tokenizer, seed=1, snippets=12)[:301]
     with pytest.raises(ValueError, match="positive length"):
         filled_drill_ids(0, tokenizer, 0)
+
+
+def test_a_retry_copies_the_questions_numbers_into_the_fixed_call_after_the_real_error():
+    retries = 0
+    for index in range(30):
+        found = turns(copy_drill_text(index, seed=0, snippets=3, retries=0.5))
+        for position, (role, text) in enumerate(found):
+            if role != "user" or not text.startswith("<tool_response>\nfailed"):
+                continue
+            (_, question), (_, first), (_, fixed) = found[position - 2], found[position - 1], found[position + 1]
+            (faulty_call,) = parse_tool_calls(first.partition("</reason>\n")[2])
+            (fixed_call,) = parse_tool_calls(fixed.partition("</reason>\n")[2])
+            # The faulty program is the fixed one with its last line broken; the fix copies the question's numbers.
+            assert faulty_call.code.splitlines()[:-1] == fixed_call.code.splitlines()[:-1]
+            assert fixed_call.code.endswith("print(result)") and not faulty_call.code.endswith("print(result)")
+            assert set(re.findall(r"\d+", fixed_call.code)) & set(re.findall(r"\d+", question))
+            assert re.match(r"<reason>The program failed with a (SyntaxError|NameError)\. I fix the code", fixed)
+            assert re.search(r"(SyntaxError|NameError)", text)
+            retries += 1
+    assert 30 <= retries <= 60  # about half of 90 pieces
+    # The default drills hold no retry.
+    assert "failed" not in copy_drill_text(0, seed=0, snippets=12)
+    with pytest.raises(ValueError, match="retry pieces"):
+        copy_drill_text(0, retries=1.0)

@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+import random
 import re
 
 import gin
 import pytest
 
+from rstar_jax.data.copy_drills import FAULT_STDERR, fault_outcome
 from rstar_jax.data.synthetic import synthetic_tasks
-from rstar_jax.data.synthetic_sft import sft_transcripts
+from rstar_jax.data.synthetic_sft import DEFAULT_FAULT_KINDS, faulty_version, sft_transcripts
 from rstar_jax.processes import running_sandbox
 from rstar_jax.tokenizers import load_tokenizer
 from sandbox_server.client import SandboxClient
@@ -64,3 +66,23 @@ def test_transcripts_carry_the_sandbox_real_outputs_and_are_deterministic() -> N
             assert [c.status for c in trajectory.tool_calls] == ["ok"]
         masked = [t for t, m in zip(trajectory.token_ids, trajectory.loss_mask) if m]
         assert "<tool_response>" not in tokenizer.decode(masked)
+
+
+def test_retry_drills_show_the_error_the_sandbox_gives() -> None:
+    """The copy drills' retries write each broken program's error without running it (FAULT_STDERR): it must be the
+    real server's, word for word, for every broken last line and both program lengths of the synthetic tasks."""
+    programs = [faulty_version(code, fault, random.Random(draw))
+                for code in ("result = 12 * 34\nprint(result)", "n = 7\nresult = n * 6\nprint(result)")
+                for fault in DEFAULT_FAULT_KINDS for draw in range(8)]
+    assert {program.splitlines()[-1] for program in programs} == set(FAULT_STDERR)
+
+    async def run_all(url: str) -> list:
+        async with SandboxClient([url]) as client:
+            return [await client.run(program) for program in programs]
+
+    with running_sandbox(("--workers", "2")) as server:
+        outcomes = asyncio.run(run_all(server.url))
+    for program, outcome in zip(programs, outcomes):
+        expected = fault_outcome(program)
+        assert (outcome.status, outcome.stdout, outcome.stderr, outcome.exit_code) == (
+            expected.status, expected.stdout, expected.stderr, expected.exit_code), program
