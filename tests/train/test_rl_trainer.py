@@ -1,8 +1,7 @@
 """The staged RL trainer end to end on the format-SFT'd tiny model, a real sandbox and the JAX engine (issue 9):
-a run killed with SIGKILL at an arbitrary moment and started again with the same command continues exactly as the
-uninterrupted run: the same metrics step for step and bit-identical final weights. The same learner split over two
-local JAX processes of 4 CPU devices each (issue 23 items 1-2) matches one process of 8 devices, and resumes
-exactly after both processes are killed."""
+the learner split over two local JAX processes of 4 CPU devices each (issue 23 items 1-2) matches one process of 8
+devices, and a run killed with SIGKILL at an arbitrary moment and started again with the same commands continues
+exactly as the uninterrupted run: the same metrics step for step and bit-identical final weights."""
 
 from __future__ import annotations
 
@@ -145,17 +144,13 @@ def _assert_same_run(resumed: Path, reference_run: Path) -> None:
         assert weights[name].tobytes() == uninterrupted[name].tobytes(), name
 
 
-def test_a_killed_run_resumes_to_the_same_metrics_and_weights(sft_model_dir: Path, whole: Path,
-                                                               tmp_path: Path) -> None:
-    killed = tmp_path / "killed"
+def test_the_uninterrupted_run_trains_three_steps_in_two_stages_on_pushed_weights(whole: Path) -> None:
+    """The reference both processes' runs are held to. (A killed single-process run resumed exactly too; that test
+    was folded into the two-process one below, which kills and resumes the same code path, to keep CI in budget.)"""
     reference = read_metrics(whole / "metrics.jsonl")
     assert [entry["step"] for entry in reference] == [1, 2, 3]
     assert [entry["stage"] for entry in reference] == ["a", "a", "b"]
     assert any(entry["groups_kept"] for entry in reference), "some group had mixed rewards, so weights moved"
-    logged = _kill_during_step(sft_model_dir, killed, after_steps=1, delay_s=3.0)  # in step 2's rollouts or update
-    assert logged < 3, "killed before the end"
-    _run(sft_model_dir, killed)
-    _assert_same_run(killed, whole)
     for entry in reference[1:]:
         if "logprob_gap" in entry:  # rollouts after a weight push were sampled by the pushed weights
             assert entry["logprob_gap"] < 1e-4, entry
