@@ -99,8 +99,8 @@ RULES: tuple[tuple[Callable[[Reading], bool], str], ...] = (
      "your config differs from the one the range was measured with (another fingerprint): the range is only a "
      "rough guide"),
     (lambda run: run.side("sft_t1") == "below",
-     "SFT start below the range: a weak SFT draw (the model did not learn to copy numbers; check accuracy by kind "
-     "in demo_summary.json, multiply near 0%) or a changed config"),
+     "SFT start below the range: a weak SFT draw (the model did not learn to copy numbers; accuracy_by_kind in "
+     "demo_summary.json shows which kinds it lost) or a changed config"),
     (lambda run: max(run.values.get("sft_failed_all", 0.0), run.values.get("rl_failed_all", 0.0))
      >= BROKEN_SANDBOX_RATIO,
      f"at least {100 * BROKEN_SANDBOX_RATIO:.0f}% of the tool calls failed: a broken sandbox (the calls get no "

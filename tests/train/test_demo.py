@@ -25,7 +25,9 @@ SHRUNKEN = [
     "RLSettings.stages = [@short/Stage()]", "short/Stage.steps = 1", "RLSettings.prompts_per_step = 2",
     # RL on the one problem the shrunken SFT solves in some samples: the first of its 8 transcripts (synthetic tasks
     # of the data seed, --seed 3 below), whose 'short' phase it has memorised. Mixed rewards, so the step updates.
-    "short/ProblemSource.count = 1", "short/ProblemSource.seed = 3",
+    # (Those transcripts as they were drawn with half of them faulty, the demo's earlier mix: with a quarter this
+    # shrunken SFT never solved the problem.)
+    "short/ProblemSource.count = 1", "short/ProblemSource.seed = 3", "sft_transcripts.faulty_fraction = 0.5",
     "HeldOutEval.problems = @small/ProblemSource()", "small/ProblemSource.source = 'synthetic'",
     "small/ProblemSource.count = 4", "small/ProblemSource.split = 'heldout'", "HeldOutEval.samples = 2",
 ]
