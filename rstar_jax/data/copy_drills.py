@@ -12,9 +12,10 @@ first program's numbers were right 7-44% of the time depending on the seed, agai
 
 A third kind of piece, a retry (a question, a first call whose last line is broken, the sandbox's error and the
 fixed call), teaches the copy a transcript's second call makes: the question's numbers again, across a whole failed
-turn. Drills of the first two kinds alone taught the model to copy from the turn just before, which a retry's is not:
-the demo's SFT models then copied 0-15% of a fixed call's numbers, teacher-forced on held-out transcripts, against
-~79% of a first call's (BENCHMARKS.md, "Copying numbers"), and half the SFT transcripts retry.
+turn. Drills of the first two kinds alone teach copies from the turn just before, which a retry's is not: the demo's
+SFT models copied 9-15% of a fixed call's numbers, teacher-forced on held-out transcripts, against ~79% of a first
+call's. A share of 0.3 retries raised that to 42-53% but cost the answers' copies more (BENCHMARKS.md, "Copying
+numbers"), so the demo drills without them and has fewer SFT transcripts retry instead.
 
 Questions come from the training split of the synthetic tasks; the outputs are random numbers, not the tasks'
 answers, so no drill states an answer. Drill `index` of `seed` is always the same sequence.
@@ -89,7 +90,8 @@ def _question_and_retry(rng: random.Random, seed: int, kinds: Sequence[str]) -> 
 
 def _output_and_answer(rng: random.Random) -> str:
     value = str(rng.randrange(10 ** rng.randint(1, 6)))
-    return _tool_response_turn(FixedOutcome("ok", value + "\n", "", 0, 0.0)) + _turn("assistant", final_turn_text(value))
+    response = _tool_response_turn(FixedOutcome("ok", value + "\n", "", 0, 0.0))
+    return response + _turn("assistant", final_turn_text(value))
 
 
 def _pieces(index: int, seed: int, kinds: Sequence[str], retries: float) -> Iterator[str]:

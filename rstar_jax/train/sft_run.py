@@ -93,7 +93,7 @@ def train_sft(out: str | Path, steps: int = 100, batch_size: int = 16, num_trans
     `short_batch_size` transcripts without their system turn, then `steps` steps of `batch_size` whole transcripts (of `num_transcripts`, generated once
     against a sandbox server and cached in OUT/transcripts.jsonl).
     A drill row holds `drill_snippets` whole pieces, or with `drill_length` as many pieces as fill exactly that many
-    tokens (no padding).
+    tokens (no padding); a share `drill_retries` of the pieces are retries (`rstar_jax.data.copy_drills`).
     Rows are padded to a multiple of `pad_multiple` tokens (None: the next power of two; `bucket_length`).
     `stop_at_step` ends the run after that step without saving anything more, exactly as if it were killed there.
     Writes OUT/model/, OUT/metrics.jsonl, OUT/tensorboard/, OUT/summary.json and OUT/checkpoints/.
