@@ -32,8 +32,7 @@ from rstar_jax.console import say
 from rstar_jax.eval.seed_range import build_range, compare_with_range, config_fingerprint, seeds_table
 from rstar_jax.files import atomic_write_text
 from rstar_jax.paths import REPO_ROOT
-from rstar_jax.processes import start_logged
-from rstar_jax.rollout.vllm_server import pinned_command
+from rstar_jax.processes import pinned_command, start_logged
 
 RANGE_FILE = REPO_ROOT / "experiments" / "reports" / "demo_seeds" / "range.json"
 TABLE_FILE = "table.md"  # beside the range file

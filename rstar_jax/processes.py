@@ -56,6 +56,22 @@ def in_pid_namespace(command: Sequence[str]) -> list[str]:
     return [unshare, "--pid", "--fork", "--kill-child", "--mount-proc", *command]
 
 
+def cpu_list(cpus: Sequence[int]) -> str:
+    """CPU ids in the comma-separated form taskset and VLLM_CPU_OMP_THREADS_BIND read ("0,2,3")."""
+    if not cpus or any(int(cpu) < 0 for cpu in cpus):
+        raise ValueError(f"cpus must be a non-empty list of CPU ids, got {list(cpus)}")
+    return ",".join(str(int(cpu)) for cpu in cpus)
+
+
+def pinned_command(command: Sequence[str], cpus: Sequence[int]) -> list[str]:
+    """`command` run under `taskset`, so it and every process it starts may only use `cpus` (a vLLM server on a
+    CPU box, `vllm_server.start_server`; demos side by side, `experiments.demo_seeds`)."""
+    taskset = shutil.which("taskset")
+    if taskset is None:
+        raise RuntimeError("pinning a process to CPUs needs taskset (Debian package util-linux)")
+    return [taskset, "--cpu-list", cpu_list(cpus), *command]
+
+
 def start_logged(command: Sequence[str], log_path: str | os.PathLike, env: dict[str, str] | None = None,
                  cwd: str | os.PathLike | None = None, new_session: bool = False) -> subprocess.Popen[bytes]:
     """Start `command` as a child that dies with its caller (`killed_with_caller`), its stdout and stderr both

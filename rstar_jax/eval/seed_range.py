@@ -1,11 +1,12 @@
 """What the CPU demo measures over seeds, and one demo run read beside that range (issue 24).
 
 The demo's outcome depends on its seed more than on anything else: whether the tiny model learns to copy numbers
-within its drill budget decides where RL starts (README: held-out T=1 accuracy 7.3-32.8% over seeds) and how much it
-gains. A single run's numbers say little without that spread, so seed runs (`experiments.demo_seeds`) write every
-figure's range to a committed file, and the demo prints its figures beside it, with what a figure outside it
-suggests (RULES). A range is only comparable with runs of its own configuration: `config_fingerprint` hashes the
-operative gin config without the seed bindings, so every seed of one configuration shares it.
+within its budget decides where RL starts (held-out T=1 accuracy 7.3-32.8% over seeds before issue 24, 22-42% at
+the committed range) and how much it gains. A single run's numbers say little without that spread, so seed runs
+(`experiments.demo_seeds`) write every figure's range to a committed file, and the demo prints its figures beside
+it, with what a figure outside it suggests (RULES). A range is only comparable with runs of its own configuration:
+`config_fingerprint` hashes the operative gin config without the seed bindings, so every seed of one configuration
+shares it.
 
 Pure: demo summaries (demo_summary.json) and operative-config text in, records, lines and markdown out.
 """
@@ -91,7 +92,7 @@ class Reading:
         return "below" if value < span["min"] else "above" if value > margin * span["max"] else "inside"
 
 
-BROKEN_SANDBOX_RATIO = 0.9  # a working sandbox fails ~40% of the SFT model's calls (its code), not nearly all
+BROKEN_SANDBOX_RATIO = 0.9  # a working sandbox fails 17-40% of an SFT model's calls (its code), not nearly all
 SLOW_MACHINE_MARGIN = 1.5
 # What a run outside the range suggests: (whether it applies to the reading, the line said), every one that applies.
 RULES: tuple[tuple[Callable[[Reading], bool], str], ...] = (

@@ -9,7 +9,6 @@ children together.
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -20,8 +19,8 @@ import gin
 
 from rstar_jax.parallel.gpu_placement import check_gpu_placement, server_gpu_placement
 from rstar_jax.paths import REPO_ROOT
-from rstar_jax.processes import (free_port, http_get, kill_process_group, log_tail, start_logged, stop_process_group,
-                                 wait_until_healthy)
+from rstar_jax.processes import (cpu_list, free_port, http_get, kill_process_group, log_tail, pinned_command,
+                               start_logged, stop_process_group, wait_until_healthy)
 from rstar_jax.rollout.vllm_worker_extension import EXTENSION_QUALNAME
 
 
@@ -93,8 +92,15 @@ def start_server(model_dir: str | os.PathLike, port: int | None = None, host: st
     """Start one vLLM OpenAI server on `model_dir` without waiting for it (see `wait_healthy`).
 
     `extra_args` / `extra_env` are appended to the gin-configured ones (`server_command`, `server_env`); a flag
-    given twice takes its last value. `cpus` confines all of the server's processes to those CPUs (see
-    `pinned_command`); leave it None on a GPU node.
+    given twice takes its last value. `cpus` confines all of the server's processes to those CPUs
+    (`processes.pinned_command`); leave it None on a GPU node.
+
+    Why a CPU server is pinned (SPEC section 6, the rollout fleet): vLLM's engine-core process waits for its model
+    worker by spinning (sched_yield in a loop), so while a server decodes it keeps two cores busy, the worker's and
+    a spinning one. On a 2-core machine that left nothing for the API server and its clients: /metrics answers and
+    weight-sync requests came seconds late, up to the end of the turn in flight (measured here: 7.7 s; the CI runs
+    that lost races against turns in flight). Pinned to the worker's core, the spinner yields to the worker and the
+    other cores stay free: /metrics p50 30 ms, max 0.14 s, at about 10% lower decode speed.
     """
     if not (Path(model_dir) / "config.json").is_file():
         raise FileNotFoundError(f"{model_dir} has no config.json; expected a Hugging Face model folder")
@@ -109,29 +115,6 @@ def start_server(model_dir: str | os.PathLike, port: int | None = None, host: st
         env.setdefault("VLLM_CPU_OMP_THREADS_BIND", cpu_list(cpus))
     process = start_logged(command, log_path, env=env, new_session=True)
     return VLLMServer(process, f"http://{host}:{port}", log_path)
-
-
-def cpu_list(cpus: Sequence[int]) -> str:
-    """CPU ids in the comma-separated form taskset and VLLM_CPU_OMP_THREADS_BIND read ("0,2,3")."""
-    if not cpus or any(int(cpu) < 0 for cpu in cpus):
-        raise ValueError(f"cpus must be a non-empty list of CPU ids, got {list(cpus)}")
-    return ",".join(str(int(cpu)) for cpu in cpus)
-
-
-def pinned_command(command: Sequence[str], cpus: Sequence[int]) -> list[str]:
-    """`command` run under `taskset`, so it and every process it starts may only use `cpus`.
-
-    Why a CPU server is pinned (SPEC section 6, the rollout fleet): vLLM's engine-core process waits for its model
-    worker by spinning (sched_yield in a loop), so while a server decodes it keeps two cores busy, the worker's and
-    a spinning one. On a 2-core machine that left nothing for the API server and its clients: /metrics answers and
-    weight-sync requests came seconds late, up to the end of the turn in flight (measured here: 7.7 s; the CI runs
-    that lost races against turns in flight). Pinned to the worker's core, the spinner yields to the worker and the
-    other cores stay free: /metrics p50 30 ms, max 0.14 s, at about 10% lower decode speed.
-    """
-    taskset = shutil.which("taskset")
-    if taskset is None:
-        raise RuntimeError("pinning a vLLM server to CPUs needs taskset (Debian package util-linux)")
-    return [taskset, "--cpu-list", cpu_list(cpus), *command]
 
 
 @gin.configurable

@@ -18,15 +18,13 @@ from safetensors import safe_open
 
 from rstar_jax.model import ModelConfig, init_params, load_hf, tensor_specs
 from rstar_jax.parallel import make_mesh, shard_params
-from rstar_jax.processes import free_port
+from rstar_jax.processes import cpu_list, free_port, pinned_command
 from rstar_jax.rollout.engine import FINISH_LENGTH, EngineUnavailable, GenerationEngine, SamplingParams
 from rstar_jax.rollout.vllm_engine import VLLMServerEngine, generation_from_completion
 from rstar_jax.rollout.vllm_fleet import VLLMFleet, make_fleet, measure_weight_sync
 from rstar_jax.rollout.vllm_metrics import capacity_from_metrics, kv_tokens_per_engine
 from rstar_jax.rollout.vllm_server import (
-    cpu_list,
     launch_servers,
-    pinned_command,
     server_command,
     server_env,
     start_server,

@@ -25,7 +25,7 @@ TEST_SERVER_ARGS = ("--dtype", "float32", "--max-model-len", str(MAX_MODEL_LEN),
 # 1 GiB of KV cache per server, and every process of a server on one CPU (start_server's `cpus`; the lowest this
 # process may use, CPU 0 here): unpinned, vLLM's spinning engine core takes the second core while a turn decodes, and
 # requests sent to the server mid-turn were answered seconds late (CI lost three races that way; see
-# vllm_server.pinned_command).
+# vllm_server.start_server).
 TEST_SERVER_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1"}
 TEST_SERVER_CPUS = (min(os.sched_getaffinity(0)),)
 KV_CACHE_BYTES = 2**30
