@@ -333,10 +333,11 @@ def test_refill_and_two_updates_a_step_with_the_sft_model(sft_model_dir: Path, t
     # Refill: a step's rounds until 4 groups with signal (or 2 refill rounds), trained as whole groups of G = 2.
     metrics = read_metrics(tmp_path / "metrics.jsonl")
     rounds_per_step = [[groups for step, _, _, groups in trainer.rounds if step == index] for index in range(2)]
-    # Preconditions of the data and seeds (another seed if a change of sampling breaks them): a step refilled, and a
-    # refill round brought more groups with signal than the batch had room for.
+    # Precondition of the data and seeds: a step refilled (at ~15% accuracy and G = 2, a round of 4 groups all with
+    # signal has odds below 1%). Whether a refill round brings more groups with signal than the batch has room for is
+    # the draw's (it needed luck here, and a CI host's rounding lost it); the accounting below holds either way, and
+    # test_merged_takes_whole_groups_of_the_group_size_from_a_refill_round pins the surplus itself.
     assert [len(rounds) for rounds in rounds_per_step] != [1, 1], "a step refilled zero-variance groups"
-    assert any(entry["groups_surplus"] for entry in metrics), "a refill round's last groups were left out"
     for rounds in rounds_per_step:
         kept = np.cumsum([groups.groups_kept for groups in rounds])
         assert len(rounds) <= 3 and (kept[:-1] < 4).all() and (len(rounds) == 3 or kept[-1] >= 4)
