@@ -117,30 +117,45 @@ def _number_at(text: str, index: int) -> str:
     return text[start:end]
 
 
-def held_out_copies(tokenizer: Any, texts: Sequence[str]) -> tuple[Any, np.ndarray]:
-    """One batch of `texts` and, aligned with its targets, each target's copy kind (None: no copy)."""
+def held_out_copies(tokenizer: Any, texts: Sequence[str]) -> tuple[Any, np.ndarray, np.ndarray]:
+    """One batch of `texts` and, aligned with its targets, each target's copy kind (None: no copy) and its digit
+    count (a number token is a chunk of 1-3 digits; 0 for any other token)."""
     held_out = [copied_positions(tokenizer, text) for text in texts]
     batch = make_batch([TrainingSequence(tuple(ids), (1,) * len(ids)) for ids, _ in held_out])
     kinds = np.full(batch.shape, None, object)
-    for row, (_, copied) in enumerate(held_out):
+    digits = np.zeros(batch.shape, np.int32)
+    for row, (ids, copied) in enumerate(held_out):
         kinds[row, :len(copied) - 1] = copied[1:]
-    return batch, kinds
+        digits[row, :len(ids) - 1] = [len(piece) if piece.isdigit() else 0
+                                      for piece in (tokenizer.decode([token]) for token in ids[1:])]
+    return batch, kinds, digits
 
 
-def copy_accuracy(params: Any, config: ModelConfig, batch: Any, kinds: np.ndarray) -> dict[str, Any]:
-    """Teacher-forced: the share of copied tokens predicted exactly (argmax), over all and by COPY_KINDS."""
+def copy_accuracy(params: Any, config: ModelConfig, batch: Any, kinds: np.ndarray,
+                  digits: np.ndarray) -> dict[str, Any]:
+    """Teacher-forced: the share of copied tokens predicted exactly (argmax), over all, by COPY_KINDS and by the
+    copied token's digits; and by digits the mean probability of the right token (what sampling at T=1 sees)."""
     mask = jnp.asarray(batch.attention_mask)
-    predicted = np.asarray(jnp.argmax(forward(params, config, jnp.asarray(batch.input_ids), positions_from_mask(mask),
-                                              mask), -1))
-    right = predicted == np.asarray(batch.targets)
-    return {"copy_accuracy": float(right[kinds != None].mean()),  # noqa: E711 (elementwise)
+    logits = forward(params, config, jnp.asarray(batch.input_ids), positions_from_mask(mask), mask)
+    targets = np.asarray(batch.targets)
+    right = np.asarray(jnp.argmax(logits, -1)) == targets
+    probability = np.exp(np.take_along_axis(np.asarray(jax.nn.log_softmax(logits, -1)), targets[..., None], -1)[..., 0])
+    copied = kinds != None  # noqa: E711 (elementwise)
+    by_digits = {count: copied & (digits == count) for count in (1, 2, 3) if (copied & (digits == count)).any()}
+    return {"copy_accuracy": float(right[copied].mean()),
             "by_kind": {kind: float(right[kinds == kind].mean()) for kind in COPY_KINDS if (kinds == kind).any()},
-            "copies": {kind: int((kinds == kind).sum()) for kind in COPY_KINDS}}
+            "copies": {kind: int((kinds == kind).sum()) for kind in COPY_KINDS},
+            "by_digits": {str(count): float(right[where].mean()) for count, where in by_digits.items()},
+            "probability_by_digits": {str(count): float(probability[where].mean())
+                                      for count, where in by_digits.items()},
+            "copies_by_digits": {str(count): int(where.sum()) for count, where in by_digits.items()}}
 
 
 def _shown(figures: dict[str, Any]) -> str:
-    return f"copy accuracy {figures['copy_accuracy']:.3f} " + " ".join(
-        f"{kind} {value:.3f}" for kind, value in figures["by_kind"].items())
+    return (f"copy accuracy {figures['copy_accuracy']:.3f} "
+            + " ".join(f"{kind} {value:.3f}" for kind, value in figures["by_kind"].items())
+            + "; by digits " + " ".join(f"{count}: {value:.3f} (p {figures['probability_by_digits'][count]:.3f})"
+                                        for count, value in figures["by_digits"].items()))
 
 
 def copy_curve(tokenizer: Any, config: ModelConfig, params: Any, optimizer: Any, schedule: Any, steps: int,
@@ -152,11 +167,11 @@ def copy_curve(tokenizer: Any, config: ModelConfig, params: Any, optimizer: Any,
     shardings = train_state_shardings(state, mesh)
     state = jax.device_put(state, shardings)
     step_fns: dict[int, Any] = {}
-    batch, kinds = held_out_copies(tokenizer, held_out_texts)
+    batch, kinds, digits = held_out_copies(tokenizer, held_out_texts)
     curve, started = [], time.monotonic()
     for step in range(steps + 1):
         if step % every == 0 or step == steps:
-            figures = copy_accuracy(state.params, config, batch, kinds)
+            figures = copy_accuracy(state.params, config, batch, kinds, digits)
             curve.append({"step": step, **figures, "seconds": time.monotonic() - started})
             print(f"  step {step}: {_shown(figures)}", flush=True)
         if step < steps:
@@ -173,11 +188,12 @@ def transcript_copies(model_dirs: Sequence[Path], count: int) -> dict[str, dict[
     tokenizer = load_tokenizer("tiny")
     with tempfile.TemporaryDirectory() as scratch:
         sequences = cached_sft_sequences(Path(scratch) / "transcripts.jsonl", count, HELD_OUT_SEED, tokenizer)
-    batch, kinds = held_out_copies(tokenizer, [tokenizer.decode(list(sequence.token_ids)) for sequence in sequences])
+    batch, kinds, digits = held_out_copies(tokenizer, [tokenizer.decode(list(sequence.token_ids))
+                                                       for sequence in sequences])
     results = {}
     for model_dir in model_dirs:
         model = load_hf(model_dir)
-        results[str(model_dir)] = copy_accuracy(model.params, model.config, batch, kinds)
+        results[str(model_dir)] = copy_accuracy(model.params, model.config, batch, kinds, digits)
         print(f"{model_dir}: {_shown(results[str(model_dir)])}", flush=True)
     return results
 

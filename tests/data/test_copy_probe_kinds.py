@@ -3,7 +3,7 @@ of which kind; the BENCHMARKS figures by kind rest on it."""
 
 from __future__ import annotations
 
-from experiments.bench.copy_probe import copied_positions
+from experiments.bench.copy_probe import copied_positions, held_out_copies
 from rstar_jax.data.copy_drills import copy_drill_text
 from rstar_jax.tokenizers import load_tokenizer
 
@@ -34,3 +34,16 @@ def test_outputs_boxed_into_the_answer_are_answer_copies_and_user_turns_are_not_
             "<|im_end|>\n<|im_start|>user\n<tool_response>\nsucceeded, exit code 0\nstdout:\n8712\n</tool_response>"
             "<|im_end|>\n")
     assert _copies(text) == [("871", "answer"), ("2", "answer")] * 2
+
+
+def test_each_copied_target_carries_its_digit_count_aligned_with_the_batch_targets():
+    """The by-digits split (3-digit chunks are the copies the demo model misses) reads the same targets as the kinds."""
+    tokenizer = load_tokenizer("tiny")
+    text = ("<|im_start|>user\n<tool_response>\nsucceeded, exit code 0\nstdout:\n8712\n</tool_response><|im_end|>\n"
+            "<|im_start|>assistant\n<reason>The program printed 8712.</reason><|im_end|>\n")
+    batch, kinds, digits = held_out_copies(tokenizer, [text])
+    copied = kinds[0] != None  # noqa: E711 (elementwise)
+    assert [tokenizer.decode([token]) for token in batch.targets[0][copied]] == ["871", "2"]
+    assert digits[0][copied].tolist() == [3, 1] and list(kinds[0][copied]) == ["answer", "answer"]
+    # Not copies: "exit code 0" and the stdout's 8712.
+    assert sorted(count for count in digits[0][~copied].tolist() if count) == [1, 1, 3]

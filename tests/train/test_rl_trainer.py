@@ -1,6 +1,6 @@
 """The staged RL trainer end to end on the format-SFT'd tiny model, a real sandbox and the JAX engine (issue 9):
 the learner split over two local JAX processes of 4 CPU devices each (issue 23 items 1-2) matches one process of 8
-devices, and a run killed with SIGKILL at an arbitrary moment and started again with the same commands continues
+devices, and a run whose process is killed with SIGKILL mid-step, started again with the same commands, continues
 exactly as the uninterrupted run: the same metrics step for step and bit-identical final weights."""
 
 from __future__ import annotations
@@ -84,24 +84,6 @@ def _run(model: Path, out: Path, processes: int = 1) -> None:
     assert codes == [0] * processes, logs
 
 
-def _kill_during_step(model: Path, out: Path, after_steps: int, delay_s: float, processes: int = 1) -> int:
-    """Start the run and SIGKILL every process group of it `delay_s` after `after_steps` steps were logged; returns
-    the steps logged when it died."""
-    started = _start(model, out, processes)
-    try:
-        deadline = time.monotonic() + 1500
-        while len(read_metrics(out / "metrics.jsonl")) < after_steps:
-            assert all(process.poll() is None for process in started), "the run ended before it could be killed"
-            assert time.monotonic() < deadline
-            time.sleep(0.2)
-        time.sleep(delay_s)
-    finally:
-        for process in started:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
-    return len(read_metrics(out / "metrics.jsonl"))
-
-
 # Not bit-exact across runs: the rollout side of `logprob_gap` (the engine's own log-probs of its samples). Seen once:
 # 4.4310e-07 against 4.4389e-07 at step 2, every other metric and the final weights bit-identical. The likely cause
 # (not isolated): a decode call attends over the smallest window that holds the longest co-running sequence, which
@@ -164,9 +146,9 @@ def test_two_processes_of_four_devices_train_as_one_of_eight_and_resume_exactly(
     """Issue 23 items 1-2: the learner over two JAX processes (process 0 drives rollouts, tools and rewards and
     broadcasts each step's batch; every process feeds its own 4 devices; the weight push gathers) gives the single
     process's metrics within 1e-5 and its weights within 1e-5 but for rounding-sized gradients (see below), writes a
-    model folder transformers loads, and a kill -9 of both processes mid-run, rerun with the same commands, continues
-    exactly as the uninterrupted two-process run; when one process dies, the other stops by itself with JAX's message
-    naming the dead task (no hang)."""
+    model folder transformers loads; when one process is killed (-9) mid-step, the other stops by itself with JAX's
+    message naming the dead task (no hang), and the same two commands rerun continue exactly as the uninterrupted
+    two-process run."""
     split, killed = tmp_path / "split", tmp_path / "killed"
     _run(sft_model_dir, split, processes=2)
     one, two = read_metrics(whole / "metrics.jsonl"), read_metrics(split / "metrics.jsonl")
@@ -208,7 +190,6 @@ def test_two_processes_of_four_devices_train_as_one_of_eight_and_resume_exactly(
     assert re.search(r"Task 1 heartbeat timeout|unhealthy \(stopped sending heartbeats\):\s*1\b",
                      (tmp_path / "killed.0.log").read_text())
     assert len(read_metrics(killed / "metrics.jsonl")) == 1, "process 0 stopped in step 2, at its next collective"
-    # The same two commands resume; kill -9 both during step 3, then once more: the uninterrupted run.
-    assert _kill_during_step(sft_model_dir, killed, after_steps=2, delay_s=3.0, processes=2) == 2
+    # The same two commands resume from the last checkpoint (both processes died mid-step 2): the uninterrupted run.
     _run(sft_model_dir, killed, processes=2)
     _assert_same_run(killed, split)
