@@ -46,6 +46,7 @@ import numpy as np
 from experiments.make_tiny_model import TINY_MODEL_GIN
 from experiments.sft import DEFAULT_GIN as SFT_GIN
 from rstar_jax.data.copy_drills import copy_drill_text
+from rstar_jax.data.synthetic import KINDS
 from rstar_jax.gin_setup import parse_gin
 from rstar_jax.model import ModelConfig, forward, init_params, load_hf, positions_from_mask
 from rstar_jax.parallel import make_mesh
@@ -213,6 +214,14 @@ def run(tokenizer_dir: Path, config: ModelConfig, steps: int, batch_size: int, e
                       drills, [copy_drill_text(index, seed=1) for index in range(64)])
 
 
+def _bound(parameter: str, default: Any) -> Any:
+    """A gin parameter's bound value, or `default` where the config leaves it unbound."""
+    try:
+        return gin.query_parameter(parameter)
+    except ValueError:
+        return default
+
+
 def run_demo_drills(seed: int, config: ModelConfig, steps: int, every: int) -> list[dict[str, float]]:
     """The demo's drill phase from `seed` (model and drill data), with its optimiser over the whole SFT's steps."""
     tokenizer = load_tokenizer("tiny")
@@ -221,7 +230,8 @@ def run_demo_drills(seed: int, config: ModelConfig, steps: int, every: int) -> l
     batch_size, length = (gin.query_parameter(f"train_sft.{name}") for name in ("drill_batch_size", "drill_length"))
     return copy_curve(tokenizer, config, init_params(config, jax.random.key(seed)), optimizer, schedule, steps, every,
                       lambda step: drill_batch(step, batch_size, tokenizer, seed, snippets=3, length=length,
-                                               retries=gin.query_parameter("train_sft.drill_retries")),
+                                               retries=gin.query_parameter("train_sft.drill_retries"),
+                                               kinds=_bound("train_sft.drill_kinds", KINDS)),
                       [copy_drill_text(index, seed=HELD_OUT_SEED) for index in range(64)])
 
 

@@ -99,6 +99,8 @@ def _pieces(index: int, seed: int, kinds: Sequence[str], retries: float) -> Iter
     questions with their tool calls, half tool responses with the final turns that box them."""
     if not 0.0 <= retries < 1.0:
         raise ValueError(f"the share of retry pieces must be within [0, 1), got {retries}")
+    if not kinds or set(kinds) - set(KINDS):
+        raise ValueError(f"drill questions need synthetic kinds among {KINDS}, got {tuple(kinds)}")
     rng = random.Random(f"copy-drill:{seed}:{index}")
     while True:
         draw = rng.random()

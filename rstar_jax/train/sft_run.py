@@ -25,6 +25,7 @@ import orbax.checkpoint as ocp
 
 from rstar_jax.console import Progress, say
 from rstar_jax.data.copy_drills import copy_drill_ids, filled_drill_ids
+from rstar_jax.data.synthetic import KINDS
 from rstar_jax.model.folder import save_model_folder, seeded_model
 from rstar_jax.parallel import abstract_placed, make_mesh
 from rstar_jax.tokenizers import load_tokenizer
@@ -46,13 +47,15 @@ def transcript_batches(sequences: Sequence[TrainingSequence], batch_size: int, s
 
 
 def drill_batch(step: int, batch_size: int, tokenizer: object, seed: int, snippets: int,
-                length: int | None = None, retries: float = 0.0) -> list[TrainingSequence]:
+                length: int | None = None, retries: float = 0.0,
+                kinds: Sequence[str] = KINDS) -> list[TrainingSequence]:
     """The copy drills of drill step `step`: drills step * batch_size ... + batch_size - 1 of `seed`, each of
     `snippets` whole pieces, or (with `length`) filled with pieces to exactly `length` predictions; a share `retries`
-    of the pieces are retries (`rstar_jax.data.copy_drills`)."""
+    of the pieces are retries; questions of the synthetic `kinds`, each drawn as often as it is named
+    (`rstar_jax.data.copy_drills`)."""
     indices = range(step * batch_size, (step + 1) * batch_size)
-    drills = [copy_drill_ids(index, tokenizer, seed, snippets, retries=retries) if length is None
-              else filled_drill_ids(index, tokenizer, length, seed, retries=retries) for index in indices]
+    drills = [copy_drill_ids(index, tokenizer, seed, snippets, kinds, retries) if length is None
+              else filled_drill_ids(index, tokenizer, length, seed, kinds, retries) for index in indices]
     return [TrainingSequence(ids, (1,) * len(ids)) for ids in drills]
 
 
@@ -85,7 +88,7 @@ def _restore(manager: ocp.CheckpointManager, like: TrainState, shardings: TrainS
 def train_sft(out: str | Path, steps: int = 100, batch_size: int = 16, num_transcripts: int = 256,
               drill_steps: int = 0, drill_batch_size: int = 16, short_steps: int = 0, short_batch_size: int = 8,
               drill_snippets: int = 3, drill_length: int | None = None, drill_retries: float = 0.0,
-              data_seed: int = 0, model_seed: int = 0, tokenizer: str = "tiny", save_every: int = 25,
+              drill_kinds: Sequence[str] = KINDS, data_seed: int = 0, model_seed: int = 0, tokenizer: str = "tiny", save_every: int = 25,
               stop_at_step: int | None = None, pad_multiple: int | None = None) -> Path | None:
     """Run (or resume) the format SFT into `out`; returns the trained HF folder, or None when stopped early.
 
@@ -93,7 +96,8 @@ def train_sft(out: str | Path, steps: int = 100, batch_size: int = 16, num_trans
     `short_batch_size` transcripts without their system turn, then `steps` steps of `batch_size` whole transcripts (of `num_transcripts`, generated once
     against a sandbox server and cached in OUT/transcripts.jsonl).
     A drill row holds `drill_snippets` whole pieces, or with `drill_length` as many pieces as fill exactly that many
-    tokens (no padding); a share `drill_retries` of the pieces are retries (`rstar_jax.data.copy_drills`).
+    tokens (no padding); a share `drill_retries` of the pieces are retries (`rstar_jax.data.copy_drills`), and the
+    questions are of `drill_kinds` (a kind named twice is drawn twice as often).
     Rows are padded to a multiple of `pad_multiple` tokens (None: the next power of two; `bucket_length`).
     `stop_at_step` ends the run after that step without saving anything more, exactly as if it were killed there.
     Writes OUT/model/, OUT/metrics.jsonl, OUT/tensorboard/, OUT/summary.json and OUT/checkpoints/.
@@ -131,7 +135,7 @@ def train_sft(out: str | Path, steps: int = 100, batch_size: int = 16, num_trans
             phase = "drills" if step < drill_steps else "short" if step < drill_steps + short_steps else "transcripts"
             if phase == "drills":
                 rows = drill_batch(step, drill_batch_size, token_source, data_seed, drill_snippets, drill_length,
-                                   drill_retries)
+                                   drill_retries, drill_kinds)
             else:
                 rows = next(iterators["short_transcripts" if phase == "short" else "transcripts"])
             batch = make_batch(rows, pad_id, pad_multiple)

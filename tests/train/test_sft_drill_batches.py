@@ -2,7 +2,9 @@
 drills are exactly `length` predictions each, every token trained."""
 
 import numpy as np
+import pytest
 
+from rstar_jax.data.synthetic import KINDS
 from rstar_jax.tokenizers import load_tokenizer
 from rstar_jax.train.batching import make_batch
 from rstar_jax.train.sft_run import drill_batch
@@ -22,3 +24,23 @@ def test_snippet_drills_are_the_steps_own_drills_padded_to_the_longest():
     lengths = [len(row.token_ids) - 1 for row in rows]
     batch = make_batch(rows, pad_id=0)
     assert np.asarray(batch.loss_mask).sum(axis=1).tolist() == lengths
+
+
+def test_drill_kinds_choose_the_questions_and_a_kind_named_twice_comes_twice_as_often():
+    tokenizer = load_tokenizer("tiny")
+
+    def questions(kinds: tuple[str, ...]) -> list[str]:
+        texts = [tokenizer.decode(list(row.token_ids))
+                 for row in drill_batch(0, 64, tokenizer, seed=0, snippets=3, kinds=kinds)]
+        return [line for text in texts for line in text.splitlines()
+                if line.startswith(("Compute", "What is the remainder", "What is the sum", "How many times"))]
+
+    assert questions(("multiply",)) and all(line.startswith("Compute") for line in questions(("multiply",)))
+    drawn = questions(("multiply", "multiply", "digit_count"))
+    products = sum(line.startswith("Compute") for line in drawn)
+    assert {line.split()[0] for line in drawn} == {"Compute", "How"}
+    assert 0.55 < products / len(drawn) < 0.78, (products, len(drawn))  # 2/3 expected, ~100 questions
+    # The default is every kind once, the stream the demo was tuned on.
+    assert drill_batch(0, 4, tokenizer, 0, 3) == drill_batch(0, 4, tokenizer, 0, 3, kinds=KINDS)
+    with pytest.raises(ValueError, match="synthetic kinds among"):
+        drill_batch(0, 1, tokenizer, 0, 3, kinds=("multiply", "long_division"))
