@@ -510,9 +510,6 @@ def run_benchmark(model_dir: Path, engines: Sequence[str], mix: RequestMix, slot
     model = load_hf(model_dir)
     results: dict[str, dict[str, Any]] = {}
     sync: dict[str, dict[str, Any]] = {}
-    if "transformers" in engines:
-        results["transformers"] = bench_transformers(model_dir, mix, slots, torch_threads)
-        progress("transformers", results["transformers"])
     if "jax" in engines:
         results["jax"], sync["jax"] = bench_jax(model_dir, model.params, mix, slots, max_len, sync_repeats)
         progress("jax", results["jax"])
@@ -521,6 +518,10 @@ def run_benchmark(model_dir: Path, engines: Sequence[str], mix: RequestMix, slot
             results[name], sync[name] = bench_vllm(model_dir, model.params, mix, slots, max_len, sync_repeats,
                                                    vllm_compile, cpus)
             progress(name, results[name])
+    if "transformers" in engines:  # last: torch's thread pool stays in this process and slowed the JAX engine after
+        # it (2026-12-04: 1,919 tokens/s after transformers, 2,376-2,772 without it; vLLM serves from its own process)
+        results["transformers"] = bench_transformers(model_dir, mix, slots, torch_threads)
+        progress("transformers", results["transformers"])
     lengths = [len(p) for p in mix.prompts]
     return {
         "model": model.config.to_hf_dict() | {"param_count": int(sum(x.size for x in jax.tree_util.tree_leaves(

@@ -19,6 +19,7 @@ from jax.sharding import PartitionSpec
 from rstar_jax.kernels.build import KernelBuildError, load_kernel
 from rstar_jax.kernels.cpu_attention import SOURCE as CPU_KERNEL_SOURCE
 from rstar_jax.kernels.cpu_attention import cpu_fused_attention
+from rstar_jax.kernels.cpu_cached_attention import cpu_cached_attention
 from rstar_jax.kernels.pallas_attention import pallas_attention
 from rstar_jax.model.causal_blockwise import MASKED_SCORE, causal_blockwise_attention
 from rstar_jax.model.config import ATTENTION_IMPLS
@@ -120,6 +121,30 @@ def cached_attention(q: jax.Array, cache_k: jax.Array, cache_v: jax.Array, new_k
     old_probs, new_probs = probs[..., :cached].astype(cache_v.dtype), probs[..., cached:].astype(new_v.dtype)
     return _heads_last(jnp.einsum("bkgts,bksd->bkgtd", old_probs, cache_v, precision=precision)
                        + jnp.einsum("bkgts,bskd->bkgtd", new_probs, new_v, precision=precision))
+
+
+def stacked_cached_attention(q: jax.Array, cache: tuple[jax.Array, jax.Array], layer: jax.Array, new_k: jax.Array,
+                             new_v: jax.Array, cached_mask: jax.Array, new_mask: jax.Array, impl: str,
+                             precision: jax.lax.Precision = jax.lax.Precision.DEFAULT) -> jax.Array:
+    """`cached_attention` over layer `layer` of the stacked cache (keys, values [L, B, Hkv, max_len, D]), reading its
+    first W positions (W: cached_mask's width).
+
+    A decode step (one query a row) of a float32 model whose training attention runs as 'cpu_fused' (`impl`,
+    ModelConfig.attention_impl, resolved as `causal_attention` does) reads the cache in place through
+    `kernels.cpu_cached_attention`: XLA:CPU would copy the layer's window out of the stacked cache for its dots
+    (issue 26 item 4). Otherwise the window is sliced here, per layer, where XLA fuses the layer and window slices
+    into one; longer calls (prefills, turn suffixes) keep the batched dots, against which that copy costs little.
+    """
+    keys, values = cache
+    one_query = q.shape[1] == 1
+    if one_query and all(x.dtype == jnp.float32 for x in (q, keys, new_k)) and resolve_attention_impl(
+            impl, _platform(), _cpu_kernel_problem() if impl == "auto" else None, q.dtype) == "cpu_fused":
+        return cpu_cached_attention(q, keys, values, layer, new_k, new_v, cached_mask, new_mask)
+    window = cached_mask.shape[-1]
+    cache_k = jax.lax.dynamic_index_in_dim(keys, layer, 0, keepdims=False)[:, :, :window]
+    cache_v = jax.lax.dynamic_index_in_dim(values, layer, 0, keepdims=False)[:, :, :window]
+    return cached_attention(q, cache_k.astype(q.dtype), cache_v.astype(q.dtype), new_k, new_v, cached_mask, new_mask,
+                            precision)
 
 
 def causal_attention(q: jax.Array, k: jax.Array, v: jax.Array, segment_ids: jax.Array, impl: str,

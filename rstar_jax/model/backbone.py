@@ -15,11 +15,12 @@ from typing import Any
 
 import flax.linen as nn
 import jax
+import jax.numpy as jnp
 
 from rstar_jax.kernels.cpu_attention import RESIDUAL_NAMES as CPU_RESIDUAL_NAMES
 from rstar_jax.kernels.pallas_attention import RESIDUAL_NAMES as PALLAS_RESIDUAL_NAMES
 from rstar_jax.model.config import ModelConfig
-from rstar_jax.model.layers import DecoderLayer, LayerCache, Masks, NewKeys, RMSNorm, rope_tables
+from rstar_jax.model.layers import DecoderLayer, Masks, NewKeys, RMSNorm, StackedCache, rope_tables
 from rstar_jax.parallel import constrain
 
 _REMAT_POLICIES: dict[str, Any] = {
@@ -43,7 +44,7 @@ def _layer_stack(config: ModelConfig) -> type[nn.Module]:
         body,
         variable_axes={"params": 0},
         split_rngs={"params": True},
-        in_axes=(nn.broadcast, nn.broadcast, 0),
+        in_axes=(nn.broadcast, nn.broadcast, nn.broadcast, 0),  # rope, mask, the stacked cache; the layer index
         out_axes=0,
         length=config.num_layers,
     )
@@ -54,8 +55,10 @@ class Backbone(nn.Module):
 
     Without a cache `mask` is the rows' `SegmentIds` (causal attention within segments: the training path) or a
     [B, T, T] mask of the keys each query may read. With one (keys, values, each stacked
-    [L, B, Hkv, max_len, D]), `mask` is (cached_mask, new_mask) of `cached_attention`; the cache is only read, and
-    the new keys and values come back stacked [L, B, T, Hkv, D] for the caller to write (see `kv_cache.extend`).
+    [L, B, Hkv, max_len, D]), `mask` is (cached_mask, new_mask) of `cached_attention`; the cache is only read (each
+    layer gets all of it and its own index, so a kernel can read its keys in place: the scan would slice a copy),
+    and the new keys and values come back stacked [L, B, T, Hkv, D] for the caller to write (see
+    `kv_cache.extend`).
     """
 
     config: ModelConfig
@@ -72,11 +75,10 @@ class Backbone(nn.Module):
         input_ids: jax.Array,
         positions: jax.Array,
         mask: Masks,
-        cache: LayerCache | None = None,
+        cache: StackedCache | None = None,
     ) -> tuple[jax.Array, NewKeys | None]:
         cfg = self.config
         x = constrain(self.embed(input_ids), "batch", "seq", "embed")
         rope = rope_tables(positions, cfg.head_dim, cfg.rope_theta, cfg.jnp_dtype)
-        x, new_keys = self.layers(x, rope, mask, cache)
+        x, new_keys = self.layers(x, rope, mask, cache, jnp.arange(cfg.num_layers, dtype=jnp.int32))
         return self.final_norm(x), new_keys
-

@@ -46,7 +46,8 @@ class ModelConfig:
     backward, for GPUs; interpret mode, slow, on a CPU) or "auto" (issue 22 item 3: "pallas" on a GPU, "cpu_fused"
     on a CPU where its kernel builds, else "causal_blockwise" with one warning saying why, in blocks of
     `attention_block_size`, or 512 when that is 0; see `attention.resolve_attention_impl`). Decoding over a KV cache
-    always uses `attention.cached_attention`.
+    uses `attention.stacked_cached_attention` (with "cpu_fused", or "auto" resolved to it, a decode step reads the
+    cache in place through a C++ kernel).
     """
 
     vocab_size: int

@@ -13,14 +13,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from rstar_jax.model.attention import cached_attention, causal_attention, grouped_attention
+from rstar_jax.model.attention import causal_attention, grouped_attention, stacked_cached_attention
 from rstar_jax.model.config import ModelConfig
 from rstar_jax.model.segments import SegmentIds
 from rstar_jax.parallel import constrain
 
-LayerCache = tuple[jax.Array, jax.Array]  # one layer's cached keys, values: each [B, kv_heads, max_len, head_dim]
+StackedCache = tuple[jax.Array, jax.Array]  # all layers' cached keys, values: each [L, B, kv_heads, max_len, head_dim]
 NewKeys = tuple[jax.Array, jax.Array]  # one layer's keys, values of this call's tokens: each [B, T, kv_heads, head_dim]
-CacheMasks = tuple[jax.Array, jax.Array]  # (cached_mask [B, T or 1, max_len], new_mask [B, T, T])
+CacheMasks = tuple[jax.Array, jax.Array]  # (cached_mask [B, T or 1, window], new_mask [B, T, T])
 Masks = jax.Array | SegmentIds | CacheMasks  # what a layer's queries may read: see `Attention`
 _INIT = nn.initializers.normal(stddev=0.02)
 
@@ -90,10 +90,11 @@ class Attention(nn.Module):
     """Grouped-query self-attention with RoPE, optional q/k/v (and o) bias and Qwen3's per-head q/k RMSNorm.
 
     Without a cache the keys are this call's tokens, read causally within `SegmentIds` (the training path, in the
-    configured implementation) or under a [B, T, T] `mask`. With a layer's cache (keys,
-    values), `mask` is (cached_mask, new_mask): the queries read the cached keys and this call's own keys (see
-    `cached_attention`); the cache is only read. Returns the output and this call's keys and values (cast through
-    the cache's dtype, exactly as a later call will read them), which the caller writes into the cache.
+    configured implementation) or under a [B, T, T] `mask`. With the stacked cache (every layer's keys, values)
+    and this layer's index, `mask` is (cached_mask, new_mask): the queries read this layer's cached keys and this
+    call's own keys (see `stacked_cached_attention`); the cache is only read. Returns the output and this call's
+    keys and values (cast through the cache's dtype, exactly as a later call will read them), which the caller
+    writes into the cache.
     """
 
     config: ModelConfig
@@ -104,7 +105,8 @@ class Attention(nn.Module):
         x: jax.Array,
         rope: tuple[jax.Array, jax.Array],
         mask: Masks,
-        cache: LayerCache | None,
+        cache: StackedCache | None,
+        layer: jax.Array,
     ) -> tuple[jax.Array, NewKeys | None]:
         cfg = self.config
         batch, length, _ = x.shape
@@ -129,16 +131,11 @@ class Attention(nn.Module):
             else:
                 out = grouped_attention(grouped_q, k, v, mask, cfg.jax_precision, cfg.attention_block_size)
         else:
-            # Only the first `window` cache positions (the cached mask's width) are read. Sliced here, per layer,
-            # where XLA fuses the slice into the attention's dot; sliced before the layer scan it was copied.
-            window = mask[0].shape[-1]
-            cache_k, cache_v = cache[0][:, :, :window], cache[1][:, :, :window]
-            k, v = k.astype(cache_k.dtype), v.astype(cache_v.dtype)
+            k, v = k.astype(cache[0].dtype), v.astype(cache[1].dtype)
             new_keys = (k, v)
             cached_mask, new_mask = mask
-            out = cached_attention(grouped_q, cache_k.astype(cfg.jnp_dtype), cache_v.astype(cfg.jnp_dtype),
-                                   k.astype(cfg.jnp_dtype), v.astype(cfg.jnp_dtype), cached_mask, new_mask,
-                                   cfg.jax_precision)
+            out = stacked_cached_attention(grouped_q, cache, layer, k.astype(cfg.jnp_dtype), v.astype(cfg.jnp_dtype),
+                                           cached_mask, new_mask, cfg.attention_impl, cfg.jax_precision)
         out = out.reshape(batch, length, heads * head_dim)
         out = dense(cfg, cfg.hidden_size, cfg.o_bias, "o_proj")(out)
         return out, new_keys
@@ -168,12 +165,13 @@ class DecoderLayer(nn.Module):
         x: jax.Array,
         rope: tuple[jax.Array, jax.Array],
         mask: Masks,
-        cache: LayerCache | None,
+        cache: StackedCache | None,
+        layer: jax.Array,
     ) -> tuple[jax.Array, NewKeys | None]:
         cfg = self.config
         norm_args = (cfg.rms_norm_eps, cfg.jnp_dtype, cfg.jnp_param_dtype)
         attn_out, new_keys = Attention(cfg, name="attn")(RMSNorm(*norm_args, name="input_norm")(x), rope, mask,
-                                                         cache)
+                                                         cache, layer)
         x = constrain(x + attn_out, "batch", "seq", "embed")
         x = x + MLP(cfg, name="mlp")(RMSNorm(*norm_args, name="post_attn_norm")(x))
         return constrain(x, "batch", "seq", "embed"), new_keys

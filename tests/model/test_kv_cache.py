@@ -3,8 +3,11 @@
 Each row is a prompt followed by continuation tokens. The reference is the full forward pass over the whole
 left-padded sequences (itself checked against transformers in test_parity); the cached path must give the same
 logits at every real position: prompt positions from prefill, the rest from decode_step / extend. Tolerances as in
-test_parity (rtol 1e-4, atol 1e-5 x logit scale).
+test_parity (rtol 1e-4, atol 1e-5 x logit scale). Decode steps run in the XLA attention and, for a model whose
+attention_impl is 'cpu_fused', in the C++ kernel that reads the stacked cache in place.
 """
+
+import dataclasses
 
 import jax
 import jax.numpy as jnp
@@ -61,8 +64,9 @@ def random_rows(vocab_size: int, lengths: list[int], seed: int) -> list[np.ndarr
 
 
 @pytest.mark.parametrize("window", [None, 9])  # 9: the longest row holds 5 + 3 cached tokens at its last step
-def test_prefill_then_decode_steps_equal_full_forward(model, window):
-    config = model.config
+@pytest.mark.parametrize("attention_impl", ["dense", "cpu_fused"])  # cpu_fused: decode steps in the C++ kernel
+def test_prefill_then_decode_steps_equal_full_forward(model, window, attention_impl):
+    config = dataclasses.replace(model.config, attention_impl=attention_impl)
     rows = random_rows(config.vocab_size, [n + NEW_TOKENS for n in PROMPT_LENGTHS], seed=0)
     expected = reference_logits(model, rows)
     prompts, prompt_mask = left_padded([row[:n] for row, n in zip(rows, PROMPT_LENGTHS)], max(PROMPT_LENGTHS))
