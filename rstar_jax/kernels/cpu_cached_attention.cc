@@ -16,6 +16,7 @@
 #include <atomic>
 #include <cmath>
 #include <cstdint>
+#include <memory>
 #include <thread>
 #include <vector>
 
@@ -139,19 +140,25 @@ ffi::Error Attend(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi::Buffer<ffi
   const int32_t *cm = cached_mask.typed_data(), *nm = new_mask.typed_data();
   float* op = out->typed_data();
   // The (row, head) pairs go to XLA's own intra-op threads, the calling one included: they are idle while this
-  // call runs. (OpenMP's workers would spin between calls, taking a core from the XLA ops around them.)
-  const int64_t pairs = s.batch * s.kv_heads;
-  const int64_t workers = std::clamp<int64_t>(pool.num_threads(), 1, pairs);
-  std::atomic<int64_t> next{0}, finished{0};
-  auto work = [&] {
-    for (int64_t pair; (pair = next.fetch_add(1)) < pairs;) {
-      AttendPair(s, qp, kp, vp, l, cm, nkp, nvp, nm, scale, pair / s.kv_heads, pair % s.kv_heads, op);
-    }
-    finished.fetch_add(1);
+  // call runs. (OpenMP's workers would spin between calls, taking a core from the XLA ops around them.) The caller
+  // waits for the pairs to be done, never for a queued task to start: when every pool thread is itself waiting in a
+  // call like this one (two engines in one process), the queued tasks run later, find no pair left and only touch
+  // the shared counters, which they keep alive.
+  struct Progress {
+    std::atomic<int64_t> next{0}, done{0};
   };
-  for (int64_t worker = 1; worker < workers; ++worker) pool.Schedule([&work] { work(); });
+  const auto progress = std::make_shared<Progress>();
+  const int64_t pairs = s.batch * s.kv_heads;
+  auto work = [=] {
+    for (int64_t pair; (pair = progress->next.fetch_add(1)) < pairs;) {
+      AttendPair(s, qp, kp, vp, l, cm, nkp, nvp, nm, scale, pair / s.kv_heads, pair % s.kv_heads, op);
+      progress->done.fetch_add(1);
+    }
+  };
+  const int64_t helpers = std::clamp<int64_t>(pool.num_threads(), 1, pairs) - 1;
+  for (int64_t helper = 0; helper < helpers; ++helper) pool.Schedule([work] { work(); });
   work();
-  while (finished.load() < workers) std::this_thread::yield();
+  while (progress->done.load() < pairs) std::this_thread::yield();
   return ffi::Error::Success();
 }
 

@@ -138,24 +138,32 @@ def test_logprobs_equal_the_learners(engine, params, temperature, top_p):
         np.testing.assert_allclose(generation.logprobs, reference, atol=1e-4, rtol=0)
 
 
-def test_an_engine_decoding_in_the_cpu_kernel_equals_the_learner(params):
+def test_engines_decoding_in_the_cpu_kernel_equal_the_learner_side_by_side(params):
     # attention_impl 'cpu_fused': decode steps attend through the C++ kernel that reads the stacked cache in place
     # (prefills keep XLA's dots); greedy tokens and sampled log-probs as the learner's full forward pass gives them.
-    engine = JaxEngine(dataclasses.replace(CONFIG, attention_impl="cpu_fused"), params, slots=SLOTS, max_len=MAX_LEN,
-                       decode_steps=DECODE_STEPS, decode_windows=WINDOWS)
+    # Two engines decode at once, as the demo's do: each kernel call shares its work over XLA's intra-op threads,
+    # and a call must not wait for threads that are themselves inside the other engine's call.
+    config = dataclasses.replace(CONFIG, attention_impl="cpu_fused")
+    engines = [JaxEngine(config, params, slots=SLOTS, max_len=MAX_LEN, decode_steps=DECODE_STEPS,
+                         decode_windows=WINDOWS) for _ in range(2)]
     try:
         prompts, budgets = random_prompts([1, 5, 17, 33, 40, 60, 12], seed=0), [20, 7, 30, 12, 24, 10, 3]
         greedy = [SamplingParams(temperature=0.0, max_new_tokens=b, seed=i) for i, b in enumerate(budgets)]
-        generations = run(generate_all(engine, prompts, greedy))
-        assert [list(g.token_ids) for g in generations] == full_forward_greedy(params, prompts, budgets)
-        prompts = random_prompts([3, 20, 45, 9, 30], seed=1)
-        sampled = [SamplingParams(temperature=1.0, max_new_tokens=18, seed=10 + i) for i in range(len(prompts))]
-        generations = run(generate_all(engine, prompts, sampled))
-        expected = learner_logprobs(params, prompts, [g.token_ids for g in generations])
-        for generation, reference in zip(generations, expected):
+        sampled_prompts = random_prompts([3, 20, 45, 9, 30], seed=1)
+        sampled = [SamplingParams(temperature=1.0, max_new_tokens=18, seed=10 + i) for i in range(len(sampled_prompts))]
+
+        async def both():
+            return await asyncio.gather(generate_all(engines[0], prompts, greedy),
+                                        generate_all(engines[1], sampled_prompts, sampled))
+
+        greedy_generations, sampled_generations = run(both())
+        assert [list(g.token_ids) for g in greedy_generations] == full_forward_greedy(params, prompts, budgets)
+        expected = learner_logprobs(params, sampled_prompts, [g.token_ids for g in sampled_generations])
+        for generation, reference in zip(sampled_generations, expected):
             np.testing.assert_allclose(generation.logprobs, reference, atol=1e-4, rtol=0)
     finally:
-        engine.close()
+        for engine in engines:
+            engine.close()
 
 
 def test_a_seeded_request_samples_the_same_whichever_slot_and_neighbours(engine):
