@@ -123,9 +123,9 @@ ffi::Error CheckShapes(const ffi::Buffer<ffi::F32>& q, const ffi::Buffer<ffi::F3
   return ffi::Error::Success();
 }
 
-ffi::Error Attend(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi::Buffer<ffi::F32> keys, ffi::Buffer<ffi::F32> values,
-                  ffi::Buffer<ffi::S32> layer, ffi::Buffer<ffi::S32> cached_mask, ffi::Buffer<ffi::F32> new_k,
-                  ffi::Buffer<ffi::F32> new_v, ffi::Buffer<ffi::S32> new_mask, float scale,
+ffi::Error Attend(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi::Buffer<ffi::F32> keys,
+                  ffi::Buffer<ffi::F32> values, ffi::Buffer<ffi::S32> layer, ffi::Buffer<ffi::S32> cached_mask,
+                  ffi::Buffer<ffi::F32> new_k, ffi::Buffer<ffi::F32> new_v, ffi::Buffer<ffi::S32> new_mask, float scale,
                   ffi::ResultBuffer<ffi::F32> out) {
   Shape s;
   if (ffi::Error error = CheckShapes(q, keys, values, cached_mask, new_k, new_v, new_mask, &s); error.failure()) {
