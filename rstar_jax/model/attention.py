@@ -137,8 +137,7 @@ def stacked_cached_attention(q: jax.Array, cache: tuple[jax.Array, jax.Array], l
     """
     keys, values = cache
     one_query = q.shape[1] == 1
-    if one_query and all(x.dtype == jnp.float32 for x in (q, keys, new_k)) and resolve_attention_impl(
-            impl, _platform(), _cpu_kernel_problem() if impl == "auto" else None, q.dtype) == "cpu_fused":
+    if one_query and all(x.dtype == jnp.float32 for x in (q, keys, new_k)) and _resolved(impl, q.dtype) == "cpu_fused":
         return cpu_cached_attention(q, keys, values, layer, new_k, new_v, cached_mask, new_mask)
     window = cached_mask.shape[-1]
     cache_k = jax.lax.dynamic_index_in_dim(keys, layer, 0, keepdims=False)[:, :, :window]
@@ -169,7 +168,7 @@ def causal_attention(q: jax.Array, k: jax.Array, v: jax.Array, segment_ids: jax.
     - "auto": one of the above for this backend, chosen when traced (`resolve_attention_impl`).
     """
     requested = impl
-    impl = resolve_attention_impl(impl, _platform(), _cpu_kernel_problem() if impl == "auto" else None, q.dtype)
+    impl = _resolved(impl, q.dtype)
     if requested == "auto" and impl == "causal_blockwise" and block_size <= 0:
         block_size = AUTO_BLOCK_SIZE
     if impl == "dense" or (impl == "causal_blockwise" and q.shape[1] <= block_size):
@@ -220,6 +219,11 @@ def resolve_attention_impl(impl: str, platform: str, cpu_kernel_problem: str | N
         return "cpu_fused"
     _warn_once(f"attention_impl 'auto' runs as 'causal_blockwise' on the {platform} backend: {problem}")
     return "causal_blockwise"
+
+
+def _resolved(impl: str, dtype: jax.typing.DTypeLike) -> str:
+    """`resolve_attention_impl` on this process's backend (the CPU kernel's build is tried only for "auto")."""
+    return resolve_attention_impl(impl, _platform(), _cpu_kernel_problem() if impl == "auto" else None, dtype)
 
 
 @functools.cache
