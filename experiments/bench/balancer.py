@@ -10,6 +10,12 @@ throughput over static_split's and over least_requests'. Policies run in paralle
 
     python -m experiments.bench.balancer --engines 64 --prompts 512 --samples 32 --json artifacts/bench_balancer.json
     python -m experiments.bench.balancer --engines 8 --prompts 64 --samples 8 --policies kv_aware,static_split
+
+`--replay PATH` instead predicts a recorded real-server run (`balancer_servers --workload kv_pressure --json
+PATH`, issue 26 item 3): each policy's recorded trajectories replayed over simulated engines of the profile fitted
+to those servers, with the same balancer settings; the prediction's tokens/s beside the measured.
+
+    python -m experiments.bench.balancer --replay artifacts/bench_balancer_pressure.json
 """
 
 from __future__ import annotations
@@ -27,7 +33,8 @@ from typing import Any, Sequence
 
 from rstar_jax.rollout.balancing import POLICIES
 from rstar_jax.rollout.sim_profiles import PROFILES, profile
-from rstar_jax.rollout.sim_workload import Workload
+from rstar_jax.rollout.sim_engine import EngineProfile
+from rstar_jax.rollout.sim_workload import TrajectoryPlan, Workload
 from rstar_jax.rollout.simulate import simulate
 
 WHOLE_TURNS = "kv_aware_whole_turns"  # ablation: kv_aware reserving each turn's whole budget (no parts)
@@ -99,6 +106,39 @@ def format_report(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def predict_recorded(recorded: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """The simulator's prediction of a recorded KV-pressure run (`balancer_servers`' JSON): per policy, its
+    figures replaying that policy's trajectories over the run's servers as fitted profiles, and the relative
+    error of its tokens/s against the measured (issue 26 item 3)."""
+    setup = recorded["setup"]
+    fleet = [EngineProfile(**recorded["calibration"]["profile"])] * len(recorded["kv_tokens"])
+    workload = Workload(prompts=setup["problems"], samples=setup["samples"], max_response_tokens=setup["budget"])
+    predicted = {}
+    for name, measured in recorded["policies"].items():
+        plans = [TrajectoryPlan(**{**plan, **{key: tuple(plan[key]) for key in
+                                              ("turn_tokens", "tool_tokens", "tool_latency_s")}})
+                 for plan in measured["plans"]]
+        result = simulate(name, fleet, workload, plans=plans, part_tokens=setup["part_tokens"] or None,
+                          scrape_interval_s=setup["scrape_interval_s"])
+        figures = result.figures()
+        predicted[name] = {**figures, "error": figures["throughput_tokens_per_s"]
+                           / measured["throughput_tokens_per_s"] - 1}
+    return predicted
+
+
+def format_replay(recorded: dict[str, Any], predicted: dict[str, dict[str, Any]]) -> str:
+    """Measured against simulated, per policy."""
+    lines = ["| policy | measured tokens/s | simulated tokens/s | error | measured preemptions | simulated preemptions "
+             "| measured s | simulated s |", "|---|---|---|---|---|---|---|---|"]
+    for name, figures in predicted.items():
+        measured = recorded["policies"][name]
+        lines.append(f"| {name} | {measured['throughput_tokens_per_s']:,.0f} | "
+                     f"{figures['throughput_tokens_per_s']:,.0f} | {figures['error']:+.1%} | "
+                     f"{measured['preemptions']} | {figures['preemptions']} | {measured['seconds']:.1f} | "
+                     f"{figures['makespan_s']:.1f} |")
+    return "\n".join(lines)
+
+
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     """Command-line entry point: simulate every policy, print the table, maybe write JSON."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -113,7 +153,13 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--workers", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--json", dest="json_path", help="write every figure to this JSON file")
+    parser.add_argument("--replay", help="a balancer_servers kv_pressure JSON to predict (the other flags unused)")
     args = parser.parse_args(argv)
+    if args.replay:
+        recorded = json.loads(Path(args.replay).read_text())
+        predicted = predict_recorded(recorded)
+        emit(format_replay(recorded, predicted), {"replayed": args.replay, "predicted": predicted}, args.json_path)
+        return predicted
     workload = Workload(prompts=args.prompts, samples=args.samples, max_response_tokens=args.max_response_tokens,
                         response_tokens_mean=args.response_tokens_mean, seed=args.seed)
     names = [name.strip() for name in args.policies.split(",") if name.strip()]

@@ -68,7 +68,7 @@ from rstar_jax.gin_setup import parse_gin
 from rstar_jax.model import load_hf
 from rstar_jax.model.lm import Params
 from rstar_jax.rollout.balancer import Balancer
-from rstar_jax.rollout.engine import Generation, GenerationEngine, SamplingParams
+from rstar_jax.rollout.engine import Generation, GenerationEngine, RoutingKey, SamplingParams
 from rstar_jax.rollout.jax_engine import JaxEngine
 from rstar_jax.rollout.router import FailoverEngine
 from rstar_jax.rollout.vllm_fleet import VLLMFleet, measure_weight_sync
@@ -284,16 +284,21 @@ def bench_transformers(model_dir: Path, mix: RequestMix, batch: int, threads: in
 
 @dataclasses.dataclass(frozen=True)
 class ScriptedTrajectory:
-    """One rollout of the rollout mode: its prompt, the tokens each turn samples and the tool responses between."""
+    """One rollout of the rollout mode: its prompt, the tokens each turn samples, the tool responses between, its
+    sampling seed, its routing key (the agent loop's: a balancer sends its turns to one engine) and its GRPO group
+    (the trajectories of one problem share their prompt)."""
 
     prompt: tuple[int, ...]
     turn_tokens: tuple[int, ...]
     tool_responses: tuple[tuple[int, ...], ...]  # one after each turn but the last
     seed: int
+    key: RoutingKey
+    group: int
 
     def sampling(self, turn: int) -> SamplingParams:
         """Turn `turn`'s sampling: temperature 1 (the RL setting), exactly its scripted token count, its own seed."""
-        return SamplingParams(temperature=1.0, max_new_tokens=self.turn_tokens[turn], seed=self.seed * 1000 + turn)
+        return SamplingParams(temperature=1.0, max_new_tokens=self.turn_tokens[turn], seed=self.seed * 1000 + turn,
+                              routing_key=self.key)
 
 
 def demo_trajectories(tokenizer: Any, step: int, problems: int, samples: int, seed: int = 0,
@@ -313,8 +318,10 @@ def demo_trajectories(tokenizer: Any, step: int, problems: int, samples: int, se
             builder.add_sampled_turn([0], [0.0])  # any last token but <|im_end|>: a turn closed by </tool_call>
             outcomes = [FixedOutcome("ok", stdout=f"{rng.integers(1, 10**6)}\n") for _ in range(turns - 1)]
             responses = tuple(tuple(builder.tool_response_ids([outcome])) for outcome in outcomes)
-            trajectories.append(ScriptedTrajectory(prompt, tokens, responses, (step * problems + group) * samples
-                                                   + sample + seed * 1_000_003))
+            index = group * samples + sample
+            number = (step * problems + group) * samples + sample + seed * 1_000_003
+            trajectories.append(ScriptedTrajectory(prompt, tokens, responses, number,
+                                                   RoutingKey(number, index, problems * samples), group))
     return trajectories
 
 

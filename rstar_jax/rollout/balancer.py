@@ -4,7 +4,9 @@ over many engines that never makes one overflow its KV cache.
 It is a `FailoverEngine` (the same fail-over loop: a turn whose engine dies is retried on another, the dead engine
 is drained) whose admission of each attempt is KV-aware:
 - it reserves, on the engine it picks, the request's prompt plus its max new tokens: the most KV the request can
-  hold; the reservation is released when the attempt finishes, fails or is cancelled. With a KV-aware policy a
+  hold, in the engine's whole blocks, with the leading prefix blocks that requests in flight there share counted
+  once (`prefix_blocks`: on an engine with prefix caching a GRPO group's prompt is stored once); the reservation
+  is released when the attempt finishes, fails or is cancelled. With a KV-aware policy a
   turn longer than `part_tokens` goes out in parts (`turn_parts`), so a reservation is the context plus one part
   instead of the whole budget left (which most turns, stopping at a tool call, never use);
 - the policy (`balancing.POLICIES`, by gin) picks an engine among the live ones from their free KV tokens: the
@@ -29,6 +31,7 @@ import gin
 from rstar_jax.rollout.balancing import POLICIES, EngineState, Turn, make_policy
 from rstar_jax.rollout.capacity_readings import CapacityReadings
 from rstar_jax.rollout.engine import Generation, GenerationEngine, RoutingKey, SamplingParams
+from rstar_jax.rollout.prefix_blocks import HeldBlocks
 from rstar_jax.rollout.router import Admission, FailoverEngine
 from rstar_jax.rollout.turn_parts import generate_in_parts
 
@@ -46,8 +49,8 @@ class Balancer(FailoverEngine):
     """Routes turns over `engines` by `policy` (one of `balancing.POLICIES`; SPEC section 6), with fail-over.
 
     affinity_margin: how much more loaded (share of its KV cache) the trajectory's previous engine may be than the
-    best one and still get the request (`kv_aware`); part_tokens: with a KV-aware policy, the most new tokens one
-    request asks for (None: whole turns); scrape_interval_s: the least time between two capacity reads of one
+    best one and still get the request (`kv_aware`); part_tokens: with a KV-aware policy, the new tokens one
+    request asks for, run on to the end of the largest KV block size among the engines (None: whole turns); scrape_interval_s: the least time between two capacity reads of one
     engine; affinity_keys: trajectories whose last engine is remembered (the oldest are forgotten).
     """
 
@@ -65,7 +68,9 @@ class Balancer(FailoverEngine):
         self.readings = CapacityReadings(self.engines, scrape_interval_s, self._reserved_on, self._mark_down,
                                          self._on_reading)
         self.affinity_keys = affinity_keys
-        self._reserved = [0] * len(self.engines)
+        self._reserved = [0] * len(self.engines)  # tokens each admission holds alone
+        self._held = [HeldBlocks() for _ in self.engines]  # prefix blocks admissions hold together
+        self._block_sizes = [1] * len(self.engines)
         self._states = [EngineState(index, 0, 0, 0) for index in range(len(self.engines))]
         self._live = self.live
         self._all_read = False
@@ -77,7 +82,7 @@ class Balancer(FailoverEngine):
     @property
     def reserved(self) -> tuple[int, ...]:
         """KV tokens reserved on each engine by the attempts in flight there."""
-        return tuple(self._reserved)
+        return tuple(self._reserved_on(index) for index in range(len(self.engines)))
 
     @property
     def queued(self) -> int:
@@ -88,10 +93,28 @@ class Balancer(FailoverEngine):
         """Generate the turn on the engines, in parts of at most `part_tokens` tokens with a KV-aware policy."""
         if self.part_tokens is None or sampling.max_new_tokens <= self.part_tokens:
             return await super().generate(prompt_ids, sampling)
-        return await generate_in_parts(super().generate, prompt_ids, sampling, self.part_tokens)
+        if not self._all_read:  # the engines' block sizes come with their first readings
+            await self.readings.ensure(self._live)
+            self._all_read = True
+        block_size = max((reading.capacity.block_size for reading in map(self.readings.latest, self._live)
+                          if reading is not None), default=1)
+        return await generate_in_parts(super().generate, prompt_ids, sampling, self.part_tokens, block_size)
 
     def _reserved_on(self, index: int) -> int:
-        return self._reserved[index]
+        return self._reserved[index] + len(self._held[index]) * self._block_sizes[index]
+
+    def _prefix_keys(self, turn: Turn, index: int) -> tuple[int, ...]:
+        """The turn's leading full blocks on engine `index`, if that engine shares prefix blocks."""
+        reading = self.readings.latest(index)
+        if reading is None or not reading.capacity.shares_prefixes:
+            return ()
+        return turn.block_keys(reading.capacity.block_size)
+
+    def _state_for(self, turn: Turn, index: int) -> EngineState:
+        """Engine `index` as the policy sees it for `turn`: with the tokens of the turn's prefix blocks held there."""
+        state = self._states[index]
+        shared = self._held[index].shared(self._prefix_keys(turn, index))
+        return dataclasses.replace(state, shared_tokens=shared * state.block_size) if shared else state
 
     async def _acquire(self, prompt_ids: Sequence[int], sampling: SamplingParams) -> Admission:
         """Admit the attempt on the engine the policy picks, or queue it until one has room (SPEC section 6)."""
@@ -125,6 +148,7 @@ class Balancer(FailoverEngine):
         """The attempt is over: its reservation goes, and queued requests may now fit."""
         super()._release(admission)
         self._reserved[admission.index] -= admission.reserved_tokens
+        self._held[admission.index].release(admission.prefix_keys)
         self._update_state(admission.index)
         self._dispatch()
 
@@ -146,8 +170,13 @@ class Balancer(FailoverEngine):
         self._dispatch()
 
     def _admit(self, index: int, turn: Turn) -> Admission:
-        need = self._states[index].need(turn)
-        self._reserved[index] += need
+        state, keys = self._states[index], self._prefix_keys(turn, index)
+        if keys and state.need(turn) < state.kv_tokens_total:  # its own tokens beyond the blocks it may share
+            alone = state.need(turn) - len(keys) * state.block_size
+        else:  # shares nothing, or takes the whole cache
+            alone, keys = state.need(turn), ()
+        self._reserved[index] += alone
+        self._held[index].hold(keys)
         self._in_flight[index] += 1
         self._update_state(index)
         if turn.key is not None:
@@ -155,7 +184,7 @@ class Balancer(FailoverEngine):
             self._affinity.move_to_end(turn.key)
             if len(self._affinity) > self.affinity_keys:
                 self._affinity.popitem(last=False)
-        return Admission(index, need)
+        return Admission(index, alone, keys)
 
     def _place(self, turn: Turn) -> int | None:
         """The engine the policy picks for `turn` now, or None (wait); stale readings are refreshed meanwhile."""
@@ -165,7 +194,8 @@ class Balancer(FailoverEngine):
         self.readings.refresh_stale(live)
         previous = self._affinity.get(turn.key) if turn.key is not None else None
         sticky = self._states[previous] if previous is not None and previous not in self._down else None
-        chosen = self.balancing.choose(turn, [self._states[index] for index in live], sticky)
+        sticky = self._state_for(turn, previous) if sticky is not None else None
+        chosen = self.balancing.choose(turn, [self._state_for(turn, index) for index in live], sticky)
         if chosen is not None and chosen not in live:
             raise ValueError(f"policy {self.policy_name} chose engine {chosen!r}, not among the live engines {live}")
         return chosen
@@ -177,8 +207,10 @@ class Balancer(FailoverEngine):
             self._states[index] = EngineState(index, self._in_flight[index], 0, 0)
             return
         capacity = reading.capacity
+        self._block_sizes[index] = capacity.block_size if capacity.shares_prefixes else 1
         self._states[index] = EngineState(index, self._in_flight[index], capacity.kv_tokens_total,
-                                          reading.free_tokens(self._reserved[index]), capacity.max_sequences)
+                                          reading.free_tokens(self._reserved_on(index)), capacity.max_sequences,
+                                          capacity.block_size)
 
     def _dispatch(self) -> None:
         """Admit queued requests in order while the policy finds them an engine (the head waits: no overtaking)."""

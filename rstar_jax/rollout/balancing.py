@@ -5,7 +5,8 @@ and each live engine's state (requests in flight, KV tokens free after the balan
 returns None holds the turn back; the balancer queues it until capacity frees. Only the KV-aware policies do.
 
   kv_aware              among the engines that can hold the turn's prompt plus its max new tokens without
-                        overflowing, the one with the most free KV tokens; but the engine that served the
+                        overflowing (in whole blocks, prefix blocks that requests in flight there already hold
+                        counted once), the one with the most free KV tokens after it; but the engine that served the
                         trajectory's previous request (its prefix cache holds the context) while its load is within
                         `affinity_margin` of that one's, and whenever it fits for the next part of a turn
                         generated in parts; none fits: wait
@@ -23,6 +24,7 @@ import dataclasses
 from typing import Protocol, Sequence
 
 from rstar_jax.rollout.engine import RoutingKey, SamplingParams
+from rstar_jax.rollout.prefix_blocks import block_keys
 from rstar_jax.rollout.router import EngineLoad, least_in_flight
 from rstar_jax.rollout.turn_parts import ContinuedIds
 
@@ -38,12 +40,21 @@ class Turn:
     max_new_tokens: int
     key: RoutingKey | None = None
     continuing: bool = False
+    prompt_ids: Sequence[int] = dataclasses.field(default=(), compare=False, repr=False)
+    _keys: dict[int, tuple[int, ...]] = dataclasses.field(default_factory=dict, compare=False, repr=False)
 
     @classmethod
     def of(cls, prompt_ids: Sequence[int], sampling: SamplingParams) -> Turn:
         """The request a `generate(prompt_ids, sampling)` call makes."""
         continuing = isinstance(prompt_ids, ContinuedIds) and prompt_ids.continues
-        return cls(len(prompt_ids), sampling.max_new_tokens, sampling.routing_key, continuing)
+        return cls(len(prompt_ids), sampling.max_new_tokens, sampling.routing_key, continuing, prompt_ids)
+
+    def block_keys(self, block_size: int) -> tuple[int, ...]:
+        """The keys of the prompt's full blocks of `block_size` tokens (`prefix_blocks.block_keys`; computed once
+        per block size, however often the turn is routed while it waits)."""
+        if block_size not in self._keys:
+            self._keys[block_size] = block_keys(self.prompt_ids, block_size)
+        return self._keys[block_size]
 
     @property
     def kv_tokens(self) -> int:
@@ -55,16 +66,23 @@ class Turn:
 class EngineState(EngineLoad):
     """One live engine as a policy sees it: requests in flight and KV tokens free after what is reserved there.
 
-    `max_sequences`: sequences the engine runs at once whatever their length (the JAX engine's slots), or None.
+    `max_sequences`: sequences the engine runs at once whatever their length (the JAX engine's slots), or None;
+    `block_size`: the tokens of one block of its cache (a sequence holds whole blocks); `shared_tokens`: tokens of
+    the turn being routed that requests in flight there already hold (its leading prefix blocks, `prefix_blocks`).
     """
 
     kv_tokens_total: int
     kv_tokens_free: int
     max_sequences: int | None = None
+    block_size: int = 1
+    shared_tokens: int = 0
 
     def need(self, turn: Turn) -> int:
-        """KV tokens `turn` would reserve here: its own, or the whole cache if it is larger (it then runs alone)."""
-        return min(turn.kv_tokens, self.kv_tokens_total)
+        """KV tokens `turn` would add here: its own rounded up to whole blocks (what a paged cache hands it;
+        vLLM's CPU blocks are 128 tokens, so a turn of 300 holds 384) less the blocks it shares with requests in
+        flight, or the whole cache if that is less (it then runs alone)."""
+        blocks = -(-turn.kv_tokens // self.block_size)
+        return min(blocks * self.block_size - self.shared_tokens, self.kv_tokens_total)
 
     def fits(self, turn: Turn) -> bool:
         """Whether the engine can take `turn` now without overflowing its KV cache or its sequences."""
@@ -109,8 +127,9 @@ class KVAware:
         if sticky is not None and turn.continuing:
             return sticky.index
         best: EngineState | None = None
-        for engine in engines:
-            if (best is None or engine.kv_tokens_free > best.kv_tokens_free) and engine.fits(turn):
+        for engine in engines:  # the most free KV once the turn is placed (a shared prompt takes less)
+            if (best is None or engine.kv_tokens_free - engine.need(turn) > best.kv_tokens_free - best.need(turn)) \
+                    and engine.fits(turn):
                 best = engine
         if best is None:
             return None

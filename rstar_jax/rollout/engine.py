@@ -84,7 +84,10 @@ class EngineCapacity:
     """What the KV-aware balancer routes by (SPEC section 6): KV-cache tokens and request queues.
 
     `max_sequences` is set by engines that run a fixed number of sequences at once whatever their length (the JAX
-    engine's slots); None where only KV tokens limit (vLLM's paged cache).
+    engine's slots); None where only KV tokens limit (vLLM's paged cache). `block_size`: the cache hands a sequence
+    whole blocks of this many tokens (vLLM's --block-size: 128 on its CPU backend), so n tokens hold
+    ceil(n / block_size) blocks; 1 for a cache that holds exactly what it is given. `shares_prefixes`: running
+    sequences that begin with the same full blocks hold them once (vLLM's prefix caching).
     """
 
     kv_tokens_total: int
@@ -92,6 +95,8 @@ class EngineCapacity:
     requests_running: int
     requests_waiting: int
     max_sequences: int | None = None
+    block_size: int = 1
+    shares_prefixes: bool = False
 
     @property
     def kv_tokens_free(self) -> int:
@@ -100,12 +105,13 @@ class EngineCapacity:
 
     def __add__(self, other: EngineCapacity) -> EngineCapacity:
         """Two engines' capacities as one fleet's (SPEC section 6): counts add; `max_sequences` only when both
-        have one."""
+        have one; the larger block size; prefixes shared only when both share them."""
         both = None if self.max_sequences is None or other.max_sequences is None \
             else self.max_sequences + other.max_sequences
         return EngineCapacity(self.kv_tokens_total + other.kv_tokens_total, self.kv_tokens_used + other.kv_tokens_used,
                               self.requests_running + other.requests_running,
-                              self.requests_waiting + other.requests_waiting, both)
+                              self.requests_waiting + other.requests_waiting, both,
+                              max(self.block_size, other.block_size), self.shares_prefixes and other.shares_prefixes)
 
 
 class EngineUnavailable(RuntimeError):

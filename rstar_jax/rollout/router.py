@@ -37,10 +37,12 @@ RoutingPolicy = Callable[[Sequence[EngineLoad]], int]
 
 @dataclasses.dataclass(frozen=True)
 class Admission:
-    """One attempt at a turn let through to engine `index`, with the KV tokens reserved there for it (SPEC 6)."""
+    """One attempt at a turn let through to engine `index`, with the KV tokens reserved there for it alone and
+    the keys of the leading prefix blocks it holds with other requests there (SPEC 6; `prefix_blocks`)."""
 
     index: int
     reserved_tokens: int = 0
+    prefix_keys: tuple[int, ...] = ()
 
 
 @gin.register

@@ -14,8 +14,13 @@ The model, per engine:
   (vLLM V1: `running[-1]`, put back at the head of the queue, its KV freed); it must be recomputed when it runs
   again.
 - Prefix cache: a finished or preempted sequence's context stays cached (keyed by its trajectory's routing key)
-  until the space is needed (least recently used first); the trajectory's next turn on this engine skips
-  computing it.
+  until the space is needed (the least recently used context first, its last tokens first); the trajectory's
+  next turn on this engine skips computing what is left of it.
+- Blocks (`block_size` > 1, vLLM's paged cache): a running sequence holds whole blocks of its context, and a
+  decode step that needs a new block when none is free preempts, as above; with `shares_prefixes` the leading full
+  blocks of a prompt that running sequences have in common (a GRPO group's problem) are held, and computed, once.
+  Prefix-cache hits come in whole blocks.
+- Requests: each costs `request_s` outside the engine's loop before it queues (HTTP and tokenizing on a server).
 What a request generates is the simulated policy's choice: `turn_length(prompt tokens, sampling)` tokens (at most
 max_new_tokens).
 """
@@ -32,6 +37,7 @@ from typing import Callable, Sequence
 
 from rstar_jax.rollout.engine import (FINISH_LENGTH, FINISH_STOP, EngineCapacity, EngineUnavailable, Generation,
                                       RoutingKey, SamplingParams)
+from rstar_jax.rollout.prefix_blocks import HeldBlocks, block_keys
 
 _EPS = 1e-6  # tokens: what counts as equal in the fluid model
 
@@ -47,6 +53,14 @@ class EngineProfile:
     sequence_s: float
     context_token_s: float
     prefill_token_s: float
+    block_size: int = 1
+    shares_prefixes: bool = False
+    request_s: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.block_size < 1 or self.kv_tokens < self.block_size:
+            raise ValueError(f"profile {self.name}: need 1 <= block_size <= kv_tokens, got {self.block_size}, "
+                             f"{self.kv_tokens}")
 
     def steps_in(self, seconds: float, batch: int, context: float) -> float:
         """Decode steps a batch of `batch` sequences holding `context` tokens completes in `seconds`.
@@ -83,10 +97,12 @@ class EngineStats:
 class _Sequence:
     """One turn inside the engine."""
 
-    __slots__ = ("prompt", "target", "done", "joined", "key", "future", "running", "preempted")
+    __slots__ = ("prompt", "target", "done", "joined", "key", "future", "running", "preempted", "prefix")
 
-    def __init__(self, prompt: int, target: int, key: RoutingKey | None, future: asyncio.Future[int]) -> None:
+    def __init__(self, prompt: int, target: int, key: RoutingKey | None, future: asyncio.Future[int],
+                 prefix: tuple[int, ...] = ()) -> None:
         self.prompt, self.target, self.key, self.future = prompt, target, key, future
+        self.prefix = prefix  # keys of the prompt's full blocks, where the engine shares them
         self.done = 0.0  # tokens generated as of engine step `joined`
         self.joined = 0.0
         self.running = False
@@ -114,6 +130,7 @@ class SimEngine:
         self._stall_until = 0.0  # prefill under way until then: no decode progress
         self._cache: collections.OrderedDict[RoutingKey, float] = collections.OrderedDict()
         self._cached = 0.0
+        self._held = HeldBlocks()  # prompt blocks the running sequences hold (with shares_prefixes)
         self._timer: asyncio.TimerHandle | None = None
 
     # ---- GenerationEngine ---------------------------------------------------------------------------------------
@@ -127,10 +144,13 @@ class SimEngine:
         if len(prompt_ids) + sampling.max_new_tokens > self.profile.kv_tokens:
             raise ValueError(f"a turn of {len(prompt_ids)} + {sampling.max_new_tokens} tokens exceeds the engine's "
                              f"KV cache of {self.profile.kv_tokens} (vLLM refuses longer than max_model_len)")
+        if self.profile.request_s:
+            await asyncio.sleep(self.profile.request_s)
         planned = max(1, self._turn_length(len(prompt_ids), sampling))
         target = min(planned, sampling.max_new_tokens)
+        prefix = block_keys(prompt_ids, self.profile.block_size) if self.profile.shares_prefixes else ()
         sequence = _Sequence(len(prompt_ids), target, sampling.routing_key,
-                             asyncio.get_running_loop().create_future())
+                             asyncio.get_running_loop().create_future(), prefix)
         self._waiting.append(sequence)
         self._replan()
         try:
@@ -139,14 +159,16 @@ class SimEngine:
             self._drop(sequence)
             raise
         finish = FINISH_STOP if planned <= sampling.max_new_tokens else FINISH_LENGTH  # the model's stop, or cut
-        return Generation((0,) * tokens, (0.0,) * tokens, finish)
+        token = sampling.routing_key.trajectory if sampling.routing_key is not None else 0  # one id per trajectory
+        return Generation((token,) * tokens, (0.0,) * tokens, finish)
 
     async def capacity(self) -> EngineCapacity:
         """KV tokens in use by running sequences out of `kv_tokens`; running and waiting counts."""
         if self.dead is not None:
             raise EngineUnavailable(self.dead)
         self._advance(asyncio.get_running_loop().time())
-        return EngineCapacity(self.profile.kv_tokens, int(self._used()), len(self._running), len(self._waiting))
+        return EngineCapacity(self.profile.kv_tokens, int(self._used()), len(self._running), len(self._waiting),
+                              block_size=self.profile.block_size, shares_prefixes=self.profile.shares_prefixes)
 
     async def update_weights(self, params: object, version: int) -> None:
         """Weights do not change what a simulated engine does."""
@@ -169,8 +191,47 @@ class SimEngine:
 
     # ---- the model ---------------------------------------------------------------------------------------------
 
-    def _used(self) -> float:
+    def _context(self) -> float:
+        """Context tokens of the running batch, each sequence's own (what a decode step attends over)."""
         return self._base + len(self._running) * self._steps
+
+    def _used(self) -> float:
+        """KV tokens the running sequences hold: their contexts, or in blocks their whole blocks (shared ones
+        once)."""
+        size = self.profile.block_size
+        if size == 1:
+            return self._context()
+        own = sum(self._blocks(sequence) - len(sequence.prefix) for sequence in self._running)
+        return float((own + len(self._held)) * size)
+
+    def _blocks(self, sequence: _Sequence) -> int:
+        """Blocks a running sequence's context fills (the last one partly)."""
+        return math.ceil(sequence.context_at(self._steps) / self.profile.block_size - _EPS)
+
+    def _to_next_block(self, sequence: _Sequence) -> float:
+        """Decode steps until a running sequence's next token needs a block it does not hold yet (0: now)."""
+        context = sequence.context_at(self._steps)
+        left = self._blocks(sequence) * self.profile.block_size - context
+        return 0.0 if left < _EPS else left
+
+    def _steps_to_overflow(self) -> float:
+        """Decode steps until the running batch needs more KV than the cache has (with blocks: the first block
+        asked for when none is free; the round-k allocations of a batch all come before round k + 1's)."""
+        batch, room = len(self._running), self.profile.kv_tokens - self._used()
+        size = self.profile.block_size
+        if size == 1:
+            return room / batch
+        free = int(room // size)
+        offsets = sorted(self._to_next_block(sequence) for sequence in self._running)
+        return offsets[free % batch] + (free // batch) * size
+
+    def _overflowing(self) -> bool:
+        """Whether the running batch's next step finds no room for its tokens."""
+        size = self.profile.block_size
+        if size == 1:
+            return self._used() >= self.profile.kv_tokens - _EPS
+        asking = sum(1 for sequence in self._running if self._to_next_block(sequence) == 0.0)
+        return self._used() + asking * size > self.profile.kv_tokens + _EPS
 
     def _advance(self, now: float) -> None:
         """Decode progress from the accounted time to `now` (none while a prefill stalls the batch)."""
@@ -182,7 +243,7 @@ class SimEngine:
         start = max(self._clock, self._stall_until)
         used_before = self._used()
         if batch and now > start:
-            self._steps += self.profile.steps_in(now - start, batch, used_before)
+            self._steps += self.profile.steps_in(now - start, batch, self._context())
         self.stats.sequence_s += batch * (now - self._clock)
         self.stats.kv_token_s += (used_before + self._used()) / 2 * (now - self._clock)
         self._clock = now
@@ -214,7 +275,7 @@ class SimEngine:
     def _preempt_overflow(self) -> bool:
         """Preempt the newest running sequences while the cache has no room for the next step (vLLM V1)."""
         preempted = False
-        while self._running and self._used() >= self.profile.kv_tokens - _EPS:
+        while self._running and self._overflowing():
             victim = self._running[-1]
             self._leave(victim)
             victim.done = math.floor(victim.done + _EPS)
@@ -226,15 +287,23 @@ class SimEngine:
         return preempted
 
     def _admit(self, now: float) -> None:
-        """Start waiting turns in order while the head's context and one more batch step fit the free cache."""
-        profile = self.profile
+        """Start waiting turns in order while the head's context and one more batch step fit the free cache (in
+        blocks: the head's blocks not shared, and one for each running sequence about to need one)."""
+        profile, size = self.profile, self.profile.block_size
         while self._waiting and len(self._running) < profile.max_num_seqs:
             sequence = self._waiting[0]
             context = sequence.prompt + sequence.done
-            if context + len(self._running) + 1 > profile.kv_tokens - self._used():
+            shared = self._held.shared(sequence.prefix)
+            if size == 1:
+                need = context + len(self._running) + 1
+            else:
+                asking = sum(1 for running in self._running if self._to_next_block(running) == 0.0)
+                need = (math.ceil(context / size) - shared + asking) * size
+            if need > profile.kv_tokens - self._used():
                 return
             self._waiting.popleft()
-            hit = min(self._forget(sequence.key), context)
+            cached = self._forget(sequence.key)
+            hit = min(max(cached // size * size, shared * size), context)
             computed = context - hit
             self.stats.prefix_hit_tokens += hit
             self.stats.prefill_tokens += computed
@@ -243,6 +312,7 @@ class SimEngine:
             self._stall_until = max(self._stall_until, now) + computed * profile.prefill_token_s
             sequence.joined, sequence.running = self._steps, True
             self._running.append(sequence)
+            self._held.hold(sequence.prefix)
             self._base += sequence.prompt + sequence.done - sequence.joined
             heapq.heappush(self._finishes, (self._steps + sequence.target - sequence.done, next(self._order),
                                             sequence))
@@ -257,14 +327,15 @@ class SimEngine:
         if not self._running:
             return
         batch = len(self._running)
-        steps = min(self._finishes[0][0] - self._steps, (self.profile.kv_tokens - self._used()) / batch)
+        steps = min(self._finishes[0][0] - self._steps, self._steps_to_overflow())
         start = max(now, self._stall_until)
-        when = start + self.profile.seconds_for(max(steps, 0.0), batch, self._used())
+        when = start + self.profile.seconds_for(max(steps, 0.0), batch, self._context())
         self._timer = asyncio.get_running_loop().call_at(when, self._replan)
 
     def _leave(self, sequence: _Sequence) -> None:
         """Take a running sequence out of the batch, recording the tokens it generated so far."""
         self._running.remove(sequence)
+        self._held.release(sequence.prefix)
         self._base -= sequence.prompt + sequence.done - sequence.joined
         sequence.done += self._steps - sequence.joined
         sequence.running = False
@@ -293,7 +364,14 @@ class SimEngine:
         return tokens
 
     def _evict(self, room: float) -> None:
-        """Evict least recently used prefixes until the cache holds at most `room` tokens of them."""
+        """Evict cached tokens until the cache holds at most `room` of them: from the least recently used prefix,
+        its last tokens first (vLLM frees a request's blocks tail first, so its prefix is evicted last)."""
         while self._cached > room + _EPS and self._cache:
-            _, tokens = self._cache.popitem(last=False)
-            self._cached -= tokens
+            key, tokens = next(iter(self._cache.items()))
+            excess = self._cached - room
+            if tokens <= excess:
+                del self._cache[key]
+                self._cached -= tokens
+            else:
+                self._cache[key] = tokens - excess  # keeps its place in the order
+                self._cached -= excess

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from typing import Sequence, overload
 
 import gin
 import numpy as np
@@ -63,6 +64,31 @@ class TrajectoryPlan:
     turn_tokens: tuple[int, ...]
     tool_tokens: tuple[int, ...]
     tool_latency_s: tuple[float, ...]
+
+
+class ContextIds(Sequence[int]):
+    """A simulated trajectory's first `length` context ids, as a prefix cache sees them: its group's prompt (the
+    same ids for every sample of one problem), then ids of its own (what it generated, and its tool responses)."""
+
+    def __init__(self, plan: TrajectoryPlan, length: int) -> None:
+        self._plan, self._length = plan, length
+
+    def __len__(self) -> int:
+        return self._length
+
+    @overload
+    def __getitem__(self, index: int) -> int: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> list[int]: ...
+
+    def __getitem__(self, index: int | slice) -> int | list[int]:
+        if isinstance(index, slice):
+            return [self[position] for position in range(*index.indices(self._length))]
+        position = index + self._length if index < 0 else index
+        if not 0 <= position < self._length:
+            raise IndexError(f"index {index} out of range for {self._length} ids")
+        return -1 - self._plan.group if position < self._plan.prompt_tokens else self._plan.index
 
 
 class TurnScript:

@@ -25,7 +25,7 @@ from rstar_jax.rollout.balancer import Balancer
 from rstar_jax.rollout.engine import FINISH_LENGTH, RoutingKey, SamplingParams
 from rstar_jax.rollout.sim_clock import run_in_virtual_time
 from rstar_jax.rollout.sim_engine import EngineProfile, SimEngine
-from rstar_jax.rollout.sim_workload import TrajectoryPlan, TurnScript, Workload, plan_batch
+from rstar_jax.rollout.sim_workload import ContextIds, TrajectoryPlan, TurnScript, Workload, plan_batch
 
 
 @dataclasses.dataclass(frozen=True)
@@ -68,17 +68,18 @@ class SimResult:
         return {field.name: getattr(self, field.name) for field in dataclasses.fields(self) if field.name != "records"}
 
 
-async def run_trajectory(balancer: Balancer, plan: TrajectoryPlan, workload: Workload,
-                         script: TurnScript) -> TrajectoryRecord:
-    """Play one planned trajectory through `balancer` with the agent loop's budget and stop rules (SPEC 2)."""
+async def run_trajectory(balancer: Balancer, plan: TrajectoryPlan, workload: Workload, script: TurnScript,
+                         batch_size: int) -> TrajectoryRecord:
+    """Play one planned trajectory of a batch through `balancer` with the agent loop's budget and stop rules (SPEC
+    2); its context goes as `ContextIds` (a GRPO group's samples share their prompt's ids)."""
     loop = asyncio.get_running_loop()
     started = loop.time()
-    key = RoutingKey(plan.index, plan.index, workload.prompts * workload.samples)
+    key = RoutingKey(plan.index, plan.index, batch_size)
     context, response, generated = plan.prompt_tokens, 0, []
     for turn in range(len(plan.turn_tokens)):
         script.expect(key, context, plan.turn_tokens[turn])
         sampling = SamplingParams(max_new_tokens=workload.max_response_tokens - response, routing_key=key)
-        generation = await balancer.generate(range(context), sampling)
+        generation = await balancer.generate(ContextIds(plan, context), sampling)
         tokens = len(generation.token_ids)
         generated.append(tokens)
         context, response = context + tokens, response + tokens
@@ -92,16 +93,15 @@ async def run_trajectory(balancer: Balancer, plan: TrajectoryPlan, workload: Wor
 
 
 async def _rollout(policy: str, fleet: Sequence[EngineProfile], workload: Workload,
-                   kills: Sequence[tuple[float, int]], balancer_options: dict[str, Any]
-                   ) -> tuple[list[TrajectoryRecord], list[SimEngine], Balancer, float]:
-    plans = plan_batch(workload)
+                   plans: Sequence[TrajectoryPlan], kills: Sequence[tuple[float, int]],
+                   balancer_options: dict[str, Any]) -> tuple[list[TrajectoryRecord], list[SimEngine], Balancer, float]:
     script = TurnScript()
     engines = [SimEngine(profile, script) for profile in fleet]
     balancer = Balancer(engines, policy=policy, **balancer_options)
     loop = asyncio.get_running_loop()
     for at_s, index in kills:
         loop.call_at(at_s, engines[index].kill, f"engine {index} killed at {at_s} s (simulated)")
-    records = await asyncio.gather(*(run_trajectory(balancer, plan, workload, script) for plan in plans))
+    records = await asyncio.gather(*(run_trajectory(balancer, plan, workload, script, len(plans)) for plan in plans))
     end = loop.time()
     for engine in engines:
         engine.settle(end)
@@ -109,17 +109,23 @@ async def _rollout(policy: str, fleet: Sequence[EngineProfile], workload: Worklo
 
 
 def simulate(policy: str, fleet: Sequence[EngineProfile], workload: Workload = Workload(),
-             kills: Sequence[tuple[float, int]] = (), **balancer_options: Any) -> SimResult:
+             kills: Sequence[tuple[float, int]] = (), plans: Sequence[TrajectoryPlan] | None = None,
+             **balancer_options: Any) -> SimResult:
     """Roll out `workload`'s batch over simulated engines of `fleet` through a `Balancer` with `policy` (SPEC 6).
 
-    `kills`: (virtual second, engine index) pairs: that engine dies then. `balancer_options` go to `Balancer`.
+    `kills`: (virtual second, engine index) pairs: that engine dies then. `plans`: the trajectories to replay (a
+    recorded rollout, `index` 0..n-1 in order) instead of the batch `workload` draws; `workload` still gives the
+    response budget. `balancer_options` go to `Balancer`.
     """
+    plans = plan_batch(workload) if plans is None else plans
+    if [plan.index for plan in plans] != list(range(len(plans))):
+        raise ValueError("plans must be indexed 0..n-1 in order")
     wall = time.perf_counter()
     collecting = gc.isenabled()
     gc.disable()  # millions of short-lived tuples and no cycles worth collecting: the cyclic GC cost a quarter
     try:
         records, engines, balancer, makespan = run_in_virtual_time(
-            _rollout(policy, fleet, workload, kills, balancer_options))
+            _rollout(policy, fleet, workload, plans, kills, balancer_options))
     finally:
         if collecting:
             gc.enable()

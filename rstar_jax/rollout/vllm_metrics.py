@@ -29,24 +29,37 @@ def _samples(text: str) -> dict[str, dict[str, tuple[dict[str, str], float]]]:
     return found
 
 
-def kv_tokens_per_engine(labels: dict[str, str]) -> int:
-    """KV-cache size in tokens from one `vllm:cache_config_info` sample's labels.
+def block_size_of(labels: dict[str, str]) -> int:
+    """The KV block size in tokens from one `vllm:cache_config_info` sample's labels (1 when it is not given)."""
+    size = labels.get("block_size", "None")
+    return 1 if size in ("None", "") else int(float(size))
 
-    vLLM 0.32 publishes `kv_cache_size_tokens`; older builds only `num_gpu_blocks` x `block_size`.
+
+def kv_tokens_per_engine(labels: dict[str, str]) -> int:
+    """KV-cache tokens requests can use, from one `vllm:cache_config_info` sample's labels.
+
+    vLLM 0.32 publishes `kv_cache_size_tokens`; older builds only `num_gpu_blocks` x `block_size`. Either counts the
+    block that vLLM's block pool keeps aside as its null block (v1/core/block_pool.py), which no request can hold
+    and which `kv_cache_usage_perc` leaves out of its denominator; it is left out here too (a server of 24 blocks of
+    128 holds requests in 23: 2,944 tokens, not 3,072).
     """
+    blocks, block_size = labels.get("num_gpu_blocks", "None"), labels.get("block_size", "None")
     size = labels.get("kv_cache_size_tokens", "None")
     if size not in ("None", ""):
-        return int(float(size))
-    blocks, block_size = labels.get("num_gpu_blocks", "None"), labels.get("block_size", "None")
-    if "None" in (blocks, block_size):
+        total = int(float(size))
+    elif "None" in (blocks, block_size):
         raise ValueError(f"{CACHE_CONFIG_INFO} has neither kv_cache_size_tokens nor num_gpu_blocks and block_size: "
                          f"{labels}")
-    return int(blocks) * int(block_size)
+    else:
+        total = int(blocks) * int(block_size)
+    return total - block_size_of(labels)
 
 
 def capacity_from_metrics(text: str) -> EngineCapacity:
     """EngineCapacity from /metrics: KV tokens total (cache_config_info) and used (kv_cache_usage_perc x total),
-    requests running and waiting (issue 5 item 2). Raises ValueError naming the gauge the text lacks."""
+    requests running and waiting (issue 5 item 2), the block size the cache is handed out in and whether running
+    requests share prefix blocks (`enable_prefix_caching`; issue 26 item 2).
+    Raises ValueError naming the gauge the text lacks."""
     samples = _samples(text)
     for name in (KV_USAGE, RUNNING, WAITING, CACHE_CONFIG_INFO):
         if not samples.get(name):
@@ -62,6 +75,9 @@ def capacity_from_metrics(text: str) -> EngineCapacity:
         kv_tokens_used=int(round(used)),
         requests_running=int(sum(value for _, value in samples[RUNNING].values())),
         requests_waiting=int(sum(value for _, value in samples[WAITING].values())),
+        block_size=max(block_size_of(labels) for labels, _ in samples[CACHE_CONFIG_INFO].values()),
+        shares_prefixes=all(labels.get("enable_prefix_caching") == "True"
+                            for labels, _ in samples[CACHE_CONFIG_INFO].values()),
     )
 
 

@@ -1,9 +1,11 @@
-"""The fleet simulator (SPEC section 6, issue 10): virtual time, the engine model's numbers by hand, the real
-balancer driven through it, engines dying mid-rollout, and the benchmark's targets at the paper's batch."""
+"""The fleet simulator (SPEC section 6, issue 10): virtual time, the engine model's numbers by hand (a paged cache
+with shared prompt blocks too: issue 26 item 3), the real balancer driven through it, recorded rollouts replayed,
+engines dying mid-rollout, and the benchmark's targets at the paper's batch."""
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import math
 
@@ -15,7 +17,7 @@ from rstar_jax.rollout.engine import FINISH_LENGTH, FINISH_STOP, RoutingKey, Sam
 from rstar_jax.rollout.sim_clock import run_in_virtual_time
 from rstar_jax.rollout.sim_engine import EngineProfile, SimEngine
 from rstar_jax.rollout.sim_profiles import profile
-from rstar_jax.rollout.sim_workload import TrajectoryPlan, TurnScript, Workload, plan_batch
+from rstar_jax.rollout.sim_workload import ContextIds, TrajectoryPlan, TurnScript, Workload, plan_batch
 from rstar_jax.rollout.simulate import simulate
 
 FLAT = EngineProfile("flat", kv_tokens=1000, max_num_seqs=8, step_s=0.01, sequence_s=0.005, context_token_s=0.0,
@@ -89,6 +91,59 @@ def test_the_next_turn_of_a_trajectory_hits_the_prefix_cache():
 
     run_in_virtual_time(two_turns())
     assert engine.stats.prefix_hit_tokens == 80 and engine.stats.prefill_tokens == 50 + 10
+
+
+BLOCKS = EngineProfile("blocks", kv_tokens=4 * 128, max_num_seqs=8, step_s=0.01, sequence_s=0.005,
+                       context_token_s=0.0, prefill_token_s=0.0, block_size=128, shares_prefixes=True)
+
+
+def test_a_paged_cache_preempts_when_a_step_asks_for_a_block_none_is_free():
+    script = TurnScript()
+    engine = SimEngine(BLOCKS, script)  # 4 blocks of 128; two sequences growing from 100 to 300 tokens
+    generations, end = run_in_virtual_time(run_turns(engine, script, [(KEY_A, 100, 200, 300), (KEY_B, 100, 200, 300)]))
+    assert [len(g.token_ids) for g in generations] == [200, 200]
+    # 2 blocks each at step 28; both ask for a third at step 156 with none free: B, the newer, is preempted; A runs
+    # alone to 300 (step 200), then B, whose 256 tokens the prefix cache kept, runs its 44 steps alone
+    assert engine.stats.preemptions == 1
+    assert engine.stats.prefix_hit_tokens == 256 and engine.stats.recomputed_tokens == 0
+    assert end == pytest.approx(156 * 0.02 + 44 * 0.015 + 44 * 0.015)
+
+
+def test_running_sequences_hold_a_shared_prompt_block_once():
+    script = TurnScript()
+    engine = SimEngine(BLOCKS, script)
+    plans = [TrajectoryPlan(index, 0, 256, (60,), (), ()) for index in range(2)]  # one group: a 2-block prompt
+
+    async def together():
+        for plan in plans:
+            script.expect(RoutingKey(plan.index), 256, 60)
+        turns = [engine.generate(ContextIds(plan, 256), SamplingParams(max_new_tokens=60,
+                                                                        routing_key=RoutingKey(plan.index)))
+                 for plan in plans]
+        first = asyncio.ensure_future(turns[0])
+        second = asyncio.ensure_future(turns[1])
+        await asyncio.sleep(0.05)
+        capacity = await engine.capacity()
+        return capacity, await first, await second
+
+    capacity, *generations = run_in_virtual_time(together())
+    assert [len(g.token_ids) for g in generations] == [60, 60]
+    assert (capacity.block_size, capacity.shares_prefixes) == (128, True)
+    assert capacity.kv_tokens_used == (2 + 1 + 1) * 128  # not 6 blocks: they would not fit in 4
+    assert engine.stats.preemptions == 0 and engine.stats.prefix_hit_tokens == 256  # the second computes no prompt
+
+
+def test_a_recorded_rollout_replays_turn_for_turn():
+    workload = Workload(prompts=4, samples=4, max_response_tokens=400)
+    plans = [TrajectoryPlan(index, index // 4, 150, turns, tools, (0.02,) * len(tools))
+             for index, (turns, tools) in enumerate([((90, 40, 200), (30, 30)), ((120,), ()), ((300,), ()),
+                                                     ((80, 70), (25,))] * 4)]
+    for policy in ("kv_aware", "least_requests"):
+        result = simulate(policy, [dataclasses.replace(BLOCKS, kv_tokens=8 * 128)] * 2, workload, plans=plans,
+                          part_tokens=64)
+        assert [record.turn_tokens for record in result.records] == [plan.turn_tokens for plan in plans]
+    with pytest.raises(ValueError, match="indexed"):
+        simulate("kv_aware", [BLOCKS], workload, plans=plans[1:])
 
 
 def expected_turns(plan: TrajectoryPlan, workload: Workload) -> tuple[int, ...]:

