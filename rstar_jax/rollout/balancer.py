@@ -14,12 +14,9 @@ is drained) whose admission of each attempt is KV-aware:
   (`capacity_readings`); `kv_aware` prefers the engine that served the trajectory's previous request (the routing
   key of `SamplingParams`) while its load is within a margin of the best engine's, where the prefix cache holds
   the context;
-- when the policy finds no engine that can take the request without overflowing, it waits in a queue and goes out
-  as reservations are released (so engines never preempt, and queue nothing themselves). The queue is FIFO within
-  three classes: the next part of a turn already running first, then the next turn of a trajectory already
-  started, then a trajectory's first turn. As vLLM schedules its running requests before its waiting ones, the
-  balancer finishes what it started: a started trajectory waiting behind the batch's new ones would lose its
-  cached context to them, and more trajectories would be alive at once, holding KV (issue 26 item 2).
+- when the policy finds no engine that can take the request without overflowing, it waits in a FIFO queue and
+  goes out as reservations are released (so engines never preempt, and queue nothing themselves); the next part of
+  a turn already running goes ahead of new turns.
 """
 
 from __future__ import annotations
@@ -53,8 +50,9 @@ class Balancer(FailoverEngine):
 
     affinity_margin: how much more loaded (share of its KV cache) the trajectory's previous engine may be than the
     best one and still get the request (`kv_aware`); part_tokens: with a KV-aware policy, the new tokens one
-    request asks for, run on to the end of the largest KV block size among the engines (None: whole turns); scrape_interval_s: the least time between two capacity reads of one
-    engine; affinity_keys: trajectories whose last engine is remembered (the oldest are forgotten).
+    request asks for, run on to one token past the end of a KV block of the largest block size among the engines
+    (None: whole turns); scrape_interval_s: the least time between two capacity reads of one engine;
+    affinity_keys: trajectories whose last engine is remembered (the oldest are forgotten).
     """
 
     def __init__(self, engines: Sequence[GenerationEngine], policy: str = "kv_aware", affinity_margin: float = 0.25,
@@ -77,8 +75,7 @@ class Balancer(FailoverEngine):
         self._states = [EngineState(index, 0, 0, 0) for index in range(len(self.engines))]
         self._live = self.live
         self._all_read = False
-        self._queue: collections.deque[_Waiter] = collections.deque()  # parts of running turns, then started ones
-        self._fresh: collections.deque[_Waiter] = collections.deque()  # first turns of trajectories
+        self._queue: collections.deque[_Waiter] = collections.deque()
         self._affinity: collections.OrderedDict[RoutingKey, int] = collections.OrderedDict()
         self.queued_requests = 0  # attempts that had to wait in the queue
         self.max_queue = 0
@@ -91,7 +88,7 @@ class Balancer(FailoverEngine):
     @property
     def queued(self) -> int:
         """Requests waiting for an engine with room."""
-        return len(self._queue) + len(self._fresh)
+        return len(self._queue)
 
     async def generate(self, prompt_ids: Sequence[int], sampling: SamplingParams) -> Generation:
         """Generate the turn on the engines, in parts of at most `part_tokens` tokens with a KV-aware policy."""
@@ -126,8 +123,7 @@ class Balancer(FailoverEngine):
             await self.readings.ensure(self._live)
             self._all_read = True
         turn = Turn.of(prompt_ids, sampling)
-        started = turn.key is not None and turn.key in self._affinity
-        if turn.continuing or not (self._queue or (self._fresh and not started)):  # nothing it must wait behind
+        if not self._queue or turn.continuing:  # the next part of a running turn does not queue behind new turns
             index = self._place(turn)
             if index is not None:
                 return self._admit(index, turn)
@@ -135,9 +131,9 @@ class Balancer(FailoverEngine):
         if turn.continuing:
             self._queue.appendleft(waiter)
         else:
-            (self._queue if started else self._fresh).append(waiter)
+            self._queue.append(waiter)
         self.queued_requests += 1
-        self.max_queue = max(self.max_queue, self.queued)
+        self.max_queue = max(self.max_queue, len(self._queue))
         try:
             return await waiter.admitted
         except asyncio.CancelledError:
@@ -145,8 +141,6 @@ class Balancer(FailoverEngine):
                 waiter.admitted.cancel()
             if waiter in self._queue:
                 self._queue.remove(waiter)
-            elif waiter in self._fresh:
-                self._fresh.remove(waiter)
             elif not waiter.admitted.cancelled() and waiter.admitted.exception() is None:
                 self._release(waiter.admitted.result())  # admitted just as the caller went away
             raise
@@ -167,11 +161,10 @@ class Balancer(FailoverEngine):
         if self._live:
             self._dispatch()
             return
-        for queue in (self._queue, self._fresh):
-            while queue:
-                waiter = queue.popleft()
-                if not waiter.admitted.done():
-                    waiter.admitted.set_exception(self._all_down())
+        while self._queue:
+            waiter = self._queue.popleft()
+            if not waiter.admitted.done():
+                waiter.admitted.set_exception(self._all_down())
 
     def _on_reading(self, index: int) -> None:
         self._update_state(index)
@@ -222,14 +215,13 @@ class Balancer(FailoverEngine):
 
     def _dispatch(self) -> None:
         """Admit queued requests in order while the policy finds them an engine (the head waits: no overtaking)."""
-        while self._live and (self._queue or self._fresh):
-            queue = self._queue or self._fresh
-            waiter = queue[0]
+        while self._queue and self._live:
+            waiter = self._queue[0]
             if waiter.admitted.done():  # cancelled while queued
-                queue.popleft()
+                self._queue.popleft()
                 continue
             index = self._place(waiter.turn)
             if index is None:
                 return
-            queue.popleft()
+            self._queue.popleft()
             waiter.admitted.set_result(self._admit(index, waiter.turn))

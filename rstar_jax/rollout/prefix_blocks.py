@@ -37,6 +37,10 @@ class HeldBlocks:
         """Distinct blocks held."""
         return len(self._holders)
 
+    def __contains__(self, key: object) -> bool:
+        """Whether some request in flight holds the block `key`."""
+        return key in self._holders
+
     def shared(self, keys: Sequence[int]) -> int:
         """How many of `keys`' leading blocks are held already (a chained key held means its whole prefix is)."""
         count = 0

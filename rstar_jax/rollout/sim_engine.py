@@ -15,7 +15,8 @@ The model, per engine:
   again.
 - Prefix cache: a finished or preempted sequence's context stays cached (keyed by its trajectory's routing key)
   until the space is needed (the least recently used context first, its last tokens first); the trajectory's
-  next turn on this engine skips computing what is left of it.
+  next turn on this engine skips computing what is left of it. With `shares_prefixes` the cache is vLLM's: full
+  blocks named by their prefix (`prefix_blocks`), so a group's prompt stays cached for its later samples too.
 - Blocks (`block_size` > 1, vLLM's paged cache): a running sequence holds whole blocks of its context, and a
   decode step that needs a new block when none is free preempts, as above; with `shares_prefixes` the leading full
   blocks of a prompt that running sequences have in common (a GRPO group's problem) are held, and computed, once.
@@ -38,6 +39,7 @@ from typing import Callable, Sequence
 from rstar_jax.rollout.engine import (FINISH_LENGTH, FINISH_STOP, EngineCapacity, EngineUnavailable, Generation,
                                       RoutingKey, SamplingParams)
 from rstar_jax.rollout.prefix_blocks import HeldBlocks, block_keys
+from rstar_jax.rollout.turn_parts import ContinuedIds
 
 _EPS = 1e-6  # tokens: what counts as equal in the fluid model
 
@@ -97,11 +99,12 @@ class EngineStats:
 class _Sequence:
     """One turn inside the engine."""
 
-    __slots__ = ("prompt", "target", "done", "joined", "key", "future", "running", "preempted", "prefix")
+    __slots__ = ("prompt", "target", "done", "joined", "key", "future", "running", "preempted", "ids", "prefix")
 
-    def __init__(self, prompt: int, target: int, key: RoutingKey | None, future: asyncio.Future[int],
+    def __init__(self, prompt_ids: Sequence[int], target: int, key: RoutingKey | None, future: asyncio.Future[int],
                  prefix: tuple[int, ...] = ()) -> None:
-        self.prompt, self.target, self.key, self.future = prompt, target, key, future
+        self.prompt, self.target, self.key, self.future = len(prompt_ids), target, key, future
+        self.ids = prompt_ids if prefix else ()  # kept where the engine shares blocks, to name its context's blocks
         self.prefix = prefix  # keys of the prompt's full blocks, where the engine shares them
         self.done = 0.0  # tokens generated as of engine step `joined`
         self.joined = 0.0
@@ -149,8 +152,8 @@ class SimEngine:
         planned = max(1, self._turn_length(len(prompt_ids), sampling))
         target = min(planned, sampling.max_new_tokens)
         prefix = block_keys(prompt_ids, self.profile.block_size) if self.profile.shares_prefixes else ()
-        sequence = _Sequence(len(prompt_ids), target, sampling.routing_key,
-                             asyncio.get_running_loop().create_future(), prefix)
+        sequence = _Sequence(prompt_ids, target, sampling.routing_key, asyncio.get_running_loop().create_future(),
+                             prefix)
         self._waiting.append(sequence)
         self._replan()
         try:
@@ -266,7 +269,7 @@ class SimEngine:
             if not sequence.running:  # preempted or cancelled since: a stale entry
                 continue
             self._leave(sequence)
-            self._remember(sequence.key, sequence.prompt + sequence.target)
+            self._remember(sequence, sequence.target)
             self.stats.turns += 1
             self.stats.generated_tokens += sequence.target
             if not sequence.future.done():
@@ -280,7 +283,7 @@ class SimEngine:
             self._leave(victim)
             victim.done = math.floor(victim.done + _EPS)
             victim.preempted = True
-            self._remember(victim.key, victim.prompt + victim.done)
+            self._remember(victim, int(victim.done))
             self._waiting.appendleft(victim)
             self.stats.preemptions += 1
             preempted = True
@@ -302,8 +305,7 @@ class SimEngine:
             if need > profile.kv_tokens - self._used():
                 return
             self._waiting.popleft()
-            cached = self._forget(sequence.key)
-            hit = min(max(cached // size * size, shared * size), context)
+            hit = min(self._forget(sequence), context - 1) // size * size  # the last token is computed again
             computed = context - hit
             self.stats.prefix_hit_tokens += hit
             self.stats.prefill_tokens += computed
@@ -349,17 +351,46 @@ class SimEngine:
             self._waiting.remove(sequence)
         self._replan()
 
-    def _remember(self, key: RoutingKey | None, tokens: float) -> None:
-        if key is None:
-            return
-        self._cached += tokens - self._cache.pop(key, 0.0)
-        self._cache[key] = tokens
+    def _context_keys(self, sequence: _Sequence, generated: int) -> tuple[int, ...]:
+        """The keys of the full blocks of a sequence's prompt and `generated` tokens (a simulated engine samples
+        its trajectory's id, as the simulated agent's contexts hold it: `sim_workload.ContextIds`)."""
+        token = sequence.key.trajectory if sequence.key is not None else 0
+        return block_keys(ContinuedIds(sequence.ids, [(token,) * generated]), self.profile.block_size)
 
-    def _forget(self, key: RoutingKey | None) -> float:
-        """Take the cached prefix of `key` out of the cache (the admitted sequence now holds it); its length."""
-        if key is None or key not in self._cache:
+    def _remember(self, sequence: _Sequence, generated: int) -> None:
+        """Cache the context a sequence leaves with: with shared prefixes each of its full blocks that no running
+        sequence holds, the last first (vLLM frees a request's blocks tail first, so they are evicted first);
+        otherwise its whole context under its trajectory's routing key."""
+        if self.profile.shares_prefixes:
+            for key in reversed(self._context_keys(sequence, generated)):
+                if key in self._cache:
+                    self._cache.move_to_end(key)
+                elif key not in self._held:
+                    self._cache[key] = float(self.profile.block_size)
+                    self._cached += self.profile.block_size
+            return
+        if sequence.key is None:
+            return
+        tokens = sequence.prompt + generated
+        self._cached += tokens - self._cache.pop(sequence.key, 0.0)
+        self._cache[sequence.key] = tokens
+
+    def _forget(self, sequence: _Sequence) -> float:
+        """The tokens of the sequence's context that need no computing as it is admitted (its leading blocks that
+        running sequences hold or the cache keeps, or its trajectory's cached context); what it takes from the
+        cache leaves the cache (the sequence holds it now)."""
+        if self.profile.shares_prefixes:
+            blocks = 0
+            for key in self._context_keys(sequence, int(sequence.done)):
+                if key in self._cache:
+                    self._cached -= self._cache.pop(key)
+                elif key not in self._held:
+                    break
+                blocks += 1
+            return float(blocks * self.profile.block_size)
+        if sequence.key is None or sequence.key not in self._cache:
             return 0.0
-        tokens = self._cache.pop(key)
+        tokens = self._cache.pop(sequence.key)
         self._cached -= tokens
         return tokens
 
@@ -369,7 +400,7 @@ class SimEngine:
         while self._cached > room + _EPS and self._cache:
             key, tokens = next(iter(self._cache.items()))
             excess = self._cached - room
-            if tokens <= excess:
+            if tokens <= excess or self.profile.shares_prefixes:  # a block goes whole
                 del self._cache[key]
                 self._cached -= tokens
             else:

@@ -70,9 +70,11 @@ def part_seed(seed: int | None, part: int) -> int | None:
 async def generate_in_parts(generate: Generate, prompt_ids: Sequence[int], sampling: SamplingParams,
                             part_tokens: int, block_size: int = 1) -> Generation:
     """One turn through `generate`, asking for `part_tokens` new tokens at a time (SPEC section 6), each part
-    running on to the end of the KV block of `block_size` tokens it ends in: a paged cache hands that block out
-    whole, so the part fills what is reserved for it (with vLLM's CPU blocks of 128, a part of 64 from a context of
-    300 asks for 84, to 384).
+    running on to the end of the KV block of `block_size` tokens it ends in, and one token into the next: a paged
+    cache hands that block out whole, so the part fills what is reserved for it, and the next part's context ends
+    one token into a block, so a prefix cache serves all of it but that token (vLLM computes a prompt's last token
+    again, and a prompt that ends on a block boundary costs it its whole last block). With vLLM's CPU blocks of
+    128, a part of 64 from a context of 300 asks for 85, to 385; the next for 128.
 
     A part that stops short of its max tokens with finish 'length' met the engine's own length limit: the turn
     ends there with 'length', as it would have without parts.
@@ -83,7 +85,7 @@ async def generate_in_parts(generate: Generate, prompt_ids: Sequence[int], sampl
     generated = 0
     while True:
         context = len(prompt_ids) + generated
-        part_end = -(-(context + part_tokens) // block_size) * block_size
+        part_end = -(-(context + part_tokens - 1) // block_size) * block_size + 1
         asked = min(part_end - context, sampling.max_new_tokens - generated)
         piece = await generate(ContinuedIds(prompt_ids, [p.token_ids for p in pieces]),
                                dataclasses.replace(sampling, max_new_tokens=asked,

@@ -9,7 +9,7 @@ import pytest
 
 from rstar_jax.rollout.balancer import Balancer
 from rstar_jax.rollout.balancing import EngineState, KVAware, Turn
-from rstar_jax.rollout.engine import FINISH_STOP, EngineCapacity, Generation, RoutingKey, SamplingParams
+from rstar_jax.rollout.engine import FINISH_STOP, EngineCapacity, Generation, SamplingParams
 from rstar_jax.rollout.prefix_blocks import HeldBlocks, block_keys
 from rstar_jax.rollout.vllm_metrics import capacity_from_metrics
 
@@ -71,12 +71,10 @@ class PagedEngine:
     def __init__(self, blocks: int, block_size: int) -> None:
         self.blocks, self.block_size = blocks, block_size
         self.pending: list[asyncio.Future] = []
-        self.started: list[int] = []  # the first id of each request, in the order they reached the engine
 
     async def generate(self, prompt_ids, sampling: SamplingParams) -> Generation:
         answer = asyncio.get_running_loop().create_future()
         self.pending.append(answer)
-        self.started.append(prompt_ids[0])
         try:
             return await answer
         finally:
@@ -118,41 +116,5 @@ def test_requests_of_one_prompt_reserve_its_blocks_once() -> None:
         engine.finish_oldest()
         await other
         assert balancer.reserved == (0,)
-
-    asyncio.run(scenario())
-
-
-def test_a_started_trajectory_goes_ahead_of_new_ones() -> None:
-    """A full engine; two first turns queue, then the second turn of a trajectory that ran before: it is admitted
-    first when room frees (the cache may still hold its context), the new trajectories after it in their order."""
-
-    async def scenario() -> None:
-        engine = PagedEngine(blocks=4, block_size=4)
-        balancer = Balancer([engine], policy="kv_aware", part_tokens=None, scrape_interval_s=0.0)
-
-        def turn(first_id: int, key: int, tokens: int = 8) -> asyncio.Task:
-            sampling = SamplingParams(max_new_tokens=4, routing_key=RoutingKey(key))
-            return asyncio.create_task(balancer.generate(list(range(first_id, first_id + tokens)), sampling))
-
-        earlier = turn(100, key=1)
-        await asyncio.sleep(0.05)
-        engine.finish_oldest()
-        await earlier  # trajectory 1 has run a turn
-        full = turn(200, key=2, tokens=12)  # 4 blocks: the whole cache
-        await asyncio.sleep(0.05)
-        new = [turn(300, key=3), turn(400, key=4)]
-        await asyncio.sleep(0.05)
-        resumed = turn(110, key=1)
-        await asyncio.sleep(0.05)
-        assert balancer.queued == 3 and engine.started == [100, 200]
-        engine.finish_oldest()
-        await full
-        await asyncio.sleep(0.05)
-        assert engine.started == [100, 200, 110]  # 3 blocks: no room for the next new trajectory beside it
-        for _ in range(3):
-            engine.finish_oldest()
-            await asyncio.sleep(0.05)
-        await asyncio.gather(resumed, *new)
-        assert engine.started == [100, 200, 110, 300, 400] and balancer.queued == 0
 
     asyncio.run(scenario())

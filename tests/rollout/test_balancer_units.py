@@ -144,14 +144,15 @@ def test_a_turn_in_parts_comes_back_whole_and_ends_as_it_would_without_parts():
     assert (len(limited.token_ids), limited.finish_reason) == (14, FINISH_LENGTH)  # the engine's own limit
 
 
-def test_parts_run_on_to_the_end_of_their_kv_block():
+def test_parts_run_on_one_token_into_the_next_kv_block():
     script = ScriptedTurn(length=25)
     turn = asyncio.run(generate_in_parts(script, list(range(10)), SamplingParams(max_new_tokens=100, seed=3), 4,
                                          block_size=8))
     assert turn == Generation(tuple(range(25)), (-0.5,) * 25, FINISH_STOP)
-    # context 10 + 4 ends in the block [8, 16): ask 6; then 16 + 4 ends in [16, 24): ask 8; then 24 + 4: ask 8
-    assert [asked for _, asked, _ in script.calls] == [6, 8, 8, 8] and [n for n, _, _ in script.calls] == [10, 16, 24,
-                                                                                                          32]
+    # context 10 + 4 ends in the block [8, 16): run to 17, ask 7; then 17 + 4 ends in [16, 24): to 25, ask 8; ...
+    # each next part's context ends one token into a block, so a prefix cache serves all but that token
+    assert [asked for _, asked, _ in script.calls] == [7, 8, 8, 8] and [n for n, _, _ in script.calls] == [10, 17, 25,
+                                                                                                          33]
     with pytest.raises(ValueError, match="block_size"):
         asyncio.run(generate_in_parts(script, [1], SamplingParams(max_new_tokens=100), 4, block_size=0))
 

@@ -102,22 +102,23 @@ def test_a_paged_cache_preempts_when_a_step_asks_for_a_block_none_is_free():
     engine = SimEngine(BLOCKS, script)  # 4 blocks of 128; two sequences growing from 100 to 300 tokens
     generations, end = run_in_virtual_time(run_turns(engine, script, [(KEY_A, 100, 200, 300), (KEY_B, 100, 200, 300)]))
     assert [len(g.token_ids) for g in generations] == [200, 200]
-    # 2 blocks each at step 28; both ask for a third at step 156 with none free: B, the newer, is preempted; A runs
-    # alone to 300 (step 200), then B, whose 256 tokens the prefix cache kept, runs its 44 steps alone
+    # 2 blocks each at step 28; both ask for a third at step 156 with none free: B, the newer, is preempted and its
+    # blocks freed tail first; A's third block is B's second, so B comes back after A (step 200) to its first block
+    # cached and 128 tokens to compute again, then runs its 44 steps alone
     assert engine.stats.preemptions == 1
-    assert engine.stats.prefix_hit_tokens == 256 and engine.stats.recomputed_tokens == 0
+    assert engine.stats.prefix_hit_tokens == 128 and engine.stats.recomputed_tokens == 128
     assert end == pytest.approx(156 * 0.02 + 44 * 0.015 + 44 * 0.015)
 
 
 def test_running_sequences_hold_a_shared_prompt_block_once():
     script = TurnScript()
     engine = SimEngine(BLOCKS, script)
-    plans = [TrajectoryPlan(index, 0, 256, (60,), (), ()) for index in range(2)]  # one group: a 2-block prompt
+    plans = [TrajectoryPlan(index, 0, 300, (60,), (), ()) for index in range(2)]  # one group's prompt
 
     async def together():
         for plan in plans:
-            script.expect(RoutingKey(plan.index), 256, 60)
-        turns = [engine.generate(ContextIds(plan, 256), SamplingParams(max_new_tokens=60,
+            script.expect(RoutingKey(plan.index), 300, 60)
+        turns = [engine.generate(ContextIds(plan, 300), SamplingParams(max_new_tokens=60,
                                                                         routing_key=RoutingKey(plan.index)))
                  for plan in plans]
         first = asyncio.ensure_future(turns[0])
@@ -129,8 +130,24 @@ def test_running_sequences_hold_a_shared_prompt_block_once():
     capacity, *generations = run_in_virtual_time(together())
     assert [len(g.token_ids) for g in generations] == [60, 60]
     assert (capacity.block_size, capacity.shares_prefixes) == (128, True)
-    assert capacity.kv_tokens_used == (2 + 1 + 1) * 128  # not 6 blocks: they would not fit in 4
-    assert engine.stats.preemptions == 0 and engine.stats.prefix_hit_tokens == 256  # the second computes no prompt
+    assert capacity.kv_tokens_used == (2 + 1 + 1) * 128  # its 2 full blocks once: 6 would not fit in 4
+    assert engine.stats.preemptions == 0 and engine.stats.prefix_hit_tokens == 256  # the second computes 44 tokens
+
+
+def test_a_finished_samples_prompt_blocks_stay_cached_for_the_next_one():
+    script = TurnScript()
+    engine = SimEngine(BLOCKS, script)
+    first, second = (TrajectoryPlan(index, 0, 300, (60,), (), ()) for index in range(2))  # one group's prompt
+
+    async def one_after_the_other():
+        for plan in (first, second):
+            key = RoutingKey(plan.index)
+            script.expect(key, 300, 60)
+            await engine.generate(ContextIds(plan, 300), SamplingParams(max_new_tokens=60, routing_key=key))
+
+    run_in_virtual_time(one_after_the_other())
+    assert engine.stats.prefix_hit_tokens == 256  # the prompt's two full blocks; its last 44 tokens are computed
+    assert engine.stats.prefill_tokens == 300 + 44
 
 
 def test_a_recorded_rollout_replays_turn_for_turn():
