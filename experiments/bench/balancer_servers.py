@@ -192,7 +192,7 @@ async def run_pressure(policies: Sequence[str], engines: list[VLLMServerEngine],
         await kv_pressure.run_pressure_rollout(Balancer(engines, policy="round_robin"), warmup, budget, stops, tool_s)
         capacity = await engines[0].capacity()
         timings = await probe_timings(engines, vocab_size, probe_shapes(capacity.kv_tokens_total, capacity.block_size,
-                                                                        MAX_MODEL_LEN), repeats=2)
+                                                                        MAX_MODEL_LEN), repeats=3)
         profile = fitted_profile("vllm_cpu_pressure", timings, capacity.kv_tokens_total, MAX_NUM_SEQS,
                                  capacity.block_size, capacity.shares_prefixes)
         calibration = {"profile": dataclasses.asdict(profile), "timings": [dataclasses.asdict(t) for t in timings]}

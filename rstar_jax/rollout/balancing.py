@@ -58,8 +58,10 @@ class Turn:
 
     @property
     def kv_tokens(self) -> int:
-        """KV tokens the turn holds at most (prompt plus max new tokens): what the balancer reserves for it."""
-        return self.prompt_tokens + self.max_new_tokens
+        """KV tokens the turn holds at most: what the balancer reserves for it. The prompt and every new token but
+        the last, which is sampled from the step before and never fed back (a part that runs one token into a
+        block, `turn_parts`, holds no token of that block)."""
+        return self.prompt_tokens + self.max_new_tokens - 1
 
 
 @dataclasses.dataclass(frozen=True)

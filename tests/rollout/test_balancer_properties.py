@@ -92,7 +92,7 @@ async def settle() -> None:
 
 def check_books(balancer: Balancer, engines: list[ScriptedEngine], callers: list[asyncio.Task]) -> None:
     for index, engine in enumerate(engines):
-        held = sum(min(r.prompt + r.max_new, engine.kv_tokens) for r in engine.pending)
+        held = sum(min(r.prompt + r.max_new - 1, engine.kv_tokens) for r in engine.pending)
         assert balancer.reserved[index] == held >= 0
         assert balancer.in_flight[index] == len(engine.pending)
         if balancer.balancing.reserves_kv:
@@ -180,7 +180,7 @@ def test_a_caller_cancelled_just_as_its_admission_arrives_leaks_nothing():
             await asyncio.sleep(0)
         engine.finish(engine.pending[0], stop=True)
         await asyncio.sleep(0)  # `first` released: `second` is admitted but has not resumed yet
-        assert (balancer.queued, balancer.reserved, engine.pending) == (0, (500,), [])
+        assert (balancer.queued, balancer.reserved, engine.pending) == (0, (499,), [])
         second.cancel()
         await settle()
         assert first.done() and second.cancelled()

@@ -28,10 +28,10 @@ def state(index: int, free: int, total: int = 1000, in_flight: int = 0, max_sequ
 TURN = Turn(prompt_tokens=100, max_new_tokens=200)  # reserves 300
 
 
-def test_turn_reserves_prompt_plus_max_new_tokens_and_knows_continuations():
+def test_turn_reserves_its_prompt_and_max_new_tokens_but_the_last_and_knows_continuations():
     key = RoutingKey(7, 2, 4)
     turn = Turn.of(range(30), SamplingParams(max_new_tokens=50, routing_key=key))
-    assert (turn.kv_tokens, turn.key, turn.continuing) == (80, key, False)
+    assert (turn.kv_tokens, turn.key, turn.continuing) == (79, key, False)  # the last token is never stored
     assert Turn.of(ContinuedIds(range(30), [(1, 2)]), SamplingParams(max_new_tokens=5)).continuing
     assert not Turn.of(ContinuedIds(range(30)), SamplingParams(max_new_tokens=5)).continuing
     with pytest.raises(ValueError, match=r"index must be in \[0, batch_size=4\)"):
@@ -39,7 +39,7 @@ def test_turn_reserves_prompt_plus_max_new_tokens_and_knows_continuations():
 
 
 def test_engine_state_fits_by_free_tokens_and_sequences_and_caps_need_at_the_cache():
-    assert state(0, free=300).fits(TURN) and not state(0, free=299).fits(TURN)
+    assert state(0, free=299).fits(TURN) and not state(0, free=298).fits(TURN)
     assert not state(0, free=1000, in_flight=2, max_sequences=2).fits(TURN)
     small = state(0, free=250, total=250)  # a turn larger than the whole cache runs alone on an idle engine
     assert small.need(TURN) == 250 and small.fits(TURN)
@@ -49,7 +49,7 @@ def test_engine_state_fits_by_free_tokens_and_sequences_and_caps_need_at_the_cac
 def test_kv_aware_takes_the_most_free_engine_that_fits_or_waits():
     policy = KVAware(affinity=False)
     assert policy.choose(TURN, [state(0, 400), state(1, 900), state(2, 700)], None) == 1
-    assert policy.choose(TURN, [state(0, 299), state(1, 100)], None) is None
+    assert policy.choose(TURN, [state(0, 298), state(1, 100)], None) is None
     assert policy.choose(TURN, [state(0, 900, in_flight=4, max_sequences=4), state(1, 350)], None) == 1
 
 
