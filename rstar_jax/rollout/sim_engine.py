@@ -207,14 +207,18 @@ class SimEngine:
         own = sum(self._blocks(sequence) - len(sequence.prefix) for sequence in self._running)
         return float((own + len(self._held)) * size)
 
+    def _stored(self, sequence: _Sequence) -> float:
+        """Tokens of a running sequence's context in its blocks: all but the token it sampled last, which the
+        next step feeds (the turn's last token is never stored: what the balancer reserves, `Turn.kv_tokens`)."""
+        return sequence.context_at(self._steps) - 1
+
     def _blocks(self, sequence: _Sequence) -> int:
-        """Blocks a running sequence's context fills (the last one partly)."""
-        return math.ceil(sequence.context_at(self._steps) / self.profile.block_size - _EPS)
+        """Blocks a running sequence's stored tokens fill (the last one partly)."""
+        return math.ceil(self._stored(sequence) / self.profile.block_size - _EPS)
 
     def _to_next_block(self, sequence: _Sequence) -> float:
         """Decode steps until a running sequence's next token needs a block it does not hold yet (0: now)."""
-        context = sequence.context_at(self._steps)
-        left = self._blocks(sequence) * self.profile.block_size - context
+        left = self._blocks(sequence) * self.profile.block_size - self._stored(sequence)
         return 0.0 if left < _EPS else left
 
     def _steps_to_overflow(self) -> float:

@@ -102,12 +102,13 @@ def test_a_paged_cache_preempts_when_a_step_asks_for_a_block_none_is_free():
     engine = SimEngine(BLOCKS, script)  # 4 blocks of 128; two sequences growing from 100 to 300 tokens
     generations, end = run_in_virtual_time(run_turns(engine, script, [(KEY_A, 100, 200, 300), (KEY_B, 100, 200, 300)]))
     assert [len(g.token_ids) for g in generations] == [200, 200]
-    # 2 blocks each at step 28; both ask for a third at step 156 with none free: B, the newer, is preempted and its
-    # blocks freed tail first; A's third block is B's second, so B comes back after A (step 200) to its first block
-    # cached and 128 tokens to compute again, then runs its 44 steps alone
+    # blocks hold all but the last sampled token (99 + k after k steps): 2 blocks each from step 30; at step 157
+    # (256 stored) both ask for a third with none free: B, the newer, is preempted and its blocks freed tail first;
+    # A's third block is B's second, so B comes back after A (step 200) to its first block cached and 257 - 128
+    # tokens to compute again, then runs its 43 steps alone
     assert engine.stats.preemptions == 1
-    assert engine.stats.prefix_hit_tokens == 128 and engine.stats.recomputed_tokens == 128
-    assert end == pytest.approx(156 * 0.02 + 44 * 0.015 + 44 * 0.015)
+    assert engine.stats.prefix_hit_tokens == 128 and engine.stats.recomputed_tokens == 129
+    assert end == pytest.approx(157 * 0.02 + 43 * 0.015 + 43 * 0.015)
 
 
 def test_running_sequences_hold_a_shared_prompt_block_once():
