@@ -15,12 +15,12 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Sequence, overload
 
 import gin
 import numpy as np
 
 from rstar_jax.rollout.engine import RoutingKey, SamplingParams
+from rstar_jax.rollout.turn_parts import PositionalIds
 
 _Z99 = 2.3263478740408408  # the standard normal's 99th percentile
 
@@ -66,7 +66,7 @@ class TrajectoryPlan:
     tool_latency_s: tuple[float, ...]
 
 
-class ContextIds(Sequence[int]):
+class ContextIds(PositionalIds):
     """A simulated trajectory's first `length` context ids, as a prefix cache sees them: its group's prompt (the
     same ids for every sample of one problem), then ids of its own (what it generated, and its tool responses)."""
 
@@ -76,18 +76,8 @@ class ContextIds(Sequence[int]):
     def __len__(self) -> int:
         return self._length
 
-    @overload
-    def __getitem__(self, index: int) -> int: ...
-
-    @overload
-    def __getitem__(self, index: slice) -> list[int]: ...
-
-    def __getitem__(self, index: int | slice) -> int | list[int]:
-        if isinstance(index, slice):
-            return [self[position] for position in range(*index.indices(self._length))]
-        position = index + self._length if index < 0 else index
-        if not 0 <= position < self._length:
-            raise IndexError(f"index {index} out of range for {self._length} ids")
+    def at(self, position: int) -> int:
+        """The group's id in the prompt, the trajectory's after it."""
         return -1 - self._plan.group if position < self._plan.prompt_tokens else self._plan.index
 
 

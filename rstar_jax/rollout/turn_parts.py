@@ -14,6 +14,7 @@ a seed derived from it, so random streams do not repeat across parts and a retri
 
 from __future__ import annotations
 
+import abc
 import dataclasses
 import itertools
 from typing import Awaitable, Callable, Iterator, Sequence, overload
@@ -23,7 +24,30 @@ from rstar_jax.rollout.engine import FINISH_LENGTH, FINISH_STOP, Generation, Sam
 Generate = Callable[[Sequence[int], SamplingParams], Awaitable[Generation]]
 
 
-class ContinuedIds(Sequence[int]):
+class PositionalIds(Sequence[int]):
+    """Token ids told by their position, without a list of them: a subclass gives `__len__` and `at(position)`;
+    negative indices and slices work as on a list."""
+
+    @abc.abstractmethod
+    def at(self, position: int) -> int:
+        """The id at `position`, 0 <= position < len(self)."""
+
+    @overload
+    def __getitem__(self, index: int) -> int: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> list[int]: ...
+
+    def __getitem__(self, index: int | slice) -> int | list[int]:
+        if isinstance(index, slice):
+            return [self.at(position) for position in range(*index.indices(len(self)))]
+        position = index + len(self) if index < 0 else index
+        if not 0 <= position < len(self):
+            raise IndexError(f"index {index} out of range for {len(self)} ids")
+        return self.at(position)
+
+
+class ContinuedIds(PositionalIds):
     """Prompt ids followed by the pieces of a turn generated so far, without copying any of them."""
 
     def __init__(self, prompt_ids: Sequence[int], pieces: Sequence[Sequence[int]] = ()) -> None:
@@ -41,23 +65,13 @@ class ContinuedIds(Sequence[int]):
     def __iter__(self) -> Iterator[int]:
         return itertools.chain.from_iterable(self._parts)
 
-    @overload
-    def __getitem__(self, index: int) -> int: ...
-
-    @overload
-    def __getitem__(self, index: slice) -> list[int]: ...
-
-    def __getitem__(self, index: int | slice) -> int | list[int]:
-        if isinstance(index, slice):
-            return list(self)[index]
-        position = index + self._length if index < 0 else index
-        if not 0 <= position < self._length:
-            raise IndexError(f"index {index} out of range for {self._length} ids")
+    def at(self, position: int) -> int:
+        """The id at `position`: in the prompt or in one of the pieces."""
         for part in self._parts:
             if position < len(part):
                 return part[position]
             position -= len(part)
-        raise AssertionError("positions were checked against the total length")
+        raise IndexError(f"position {position} is past the ids")
 
 
 def part_seed(seed: int | None, part: int) -> int | None:
