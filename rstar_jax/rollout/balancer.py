@@ -3,12 +3,12 @@ over many engines that never makes one overflow its KV cache.
 
 It is a `FailoverEngine` (the same fail-over loop: a turn whose engine dies is retried on another, the dead engine
 is drained) whose admission of each attempt is KV-aware:
-- it reserves, on the engine it picks, the request's prompt plus its max new tokens: the most KV the request can
-  hold, in the engine's whole blocks, with the leading prefix blocks that requests in flight there share counted
-  once (`prefix_blocks`: on an engine with prefix caching a GRPO group's prompt is stored once); the reservation
-  is released when the attempt finishes, fails or is cancelled. With a KV-aware policy a
-  turn longer than `part_tokens` goes out in parts (`turn_parts`), so a reservation is the context plus one part
-  instead of the whole budget left (which most turns, stopping at a tool call, never use);
+- it reserves, on the engine it picks, the request's prompt and max new tokens but the last (never stored): the
+  most KV the request can hold, in the engine's whole blocks, with the leading prefix blocks that requests in
+  flight there share counted once (`prefix_blocks`: on an engine with prefix caching a GRPO group's prompt is
+  stored once); the reservation is released when the attempt finishes, fails or is cancelled. With a KV-aware
+  policy a turn longer than `part_tokens` goes out in parts (`turn_parts`), so a reservation is the context plus
+  one part instead of the whole budget left (which most turns, stopping at a tool call, never use);
 - the policy (`balancing.POLICIES`, by gin) picks an engine among the live ones from their free KV tokens: the
   engine's cache less this balancer's reservations less what a recent capacity reading showed others using
   (`capacity_readings`); `kv_aware` prefers the engine that served the trajectory's previous request (the routing

@@ -104,7 +104,7 @@ class _Sequence:
     def __init__(self, prompt_ids: Sequence[int], target: int, key: RoutingKey | None, future: asyncio.Future[int],
                  prefix: tuple[int, ...] = ()) -> None:
         self.prompt, self.target, self.key, self.future = len(prompt_ids), target, key, future
-        self.ids = prompt_ids if prefix else ()  # kept where the engine shares blocks, to name its context's blocks
+        self.ids = prompt_ids  # to name its context's blocks, where the engine shares them
         self.prefix = prefix  # keys of the prompt's full blocks, where the engine shares them
         self.done = 0.0  # tokens generated as of engine step `joined`
         self.joined = 0.0
@@ -261,6 +261,7 @@ class SimEngine:
             return
         now = asyncio.get_running_loop().time()
         self._advance(now)
+        self._evict(self.profile.kv_tokens - self._used())  # what the batch's growth since the last event took
         self._finish_due()
         if not self._preempt_overflow():
             self._admit(now)
