@@ -102,10 +102,12 @@ class BalancingPolicy(Protocol):
     """Picks the engine for a turn among the live ones, or None to hold it back (SPEC section 6).
 
     `reserves_kv`: whether the policy routes by the balancer's KV reservations (then the balancer keeps them
-    tight by generating long turns in parts).
+    tight by generating long turns in parts); `affinity`: whether it keeps a trajectory on its previous engine
+    (then, when an engine frees room, the balancer first admits a queued turn whose context that engine holds).
     """
 
     reserves_kv: bool
+    affinity: bool
 
     def choose(self, turn: Turn, engines: Sequence[EngineState], previous: EngineState | None) -> int | None:
         """The index of the chosen engine among `engines` (the live ones); `previous` is the one among them that
@@ -144,6 +146,7 @@ class LeastRequests:
     """The engine with the fewest requests in flight (`router.least_in_flight`)."""
 
     reserves_kv = False
+    affinity = False
 
     def choose(self, turn: Turn, engines: Sequence[EngineState], previous: EngineState | None) -> int:
         """See the module docstring (`least_requests`)."""
@@ -154,6 +157,7 @@ class RoundRobin:
     """The live engines in turn."""
 
     reserves_kv = False
+    affinity = False
 
     def __init__(self) -> None:
         self._count = 0
@@ -169,6 +173,7 @@ class StaticSplit:
     """Engine i * N // B for the trajectory at index i of a batch of B (turns without a key: round robin)."""
 
     reserves_kv = False
+    affinity = False
 
     def __init__(self, num_engines: int) -> None:
         if num_engines < 1:

@@ -84,10 +84,13 @@ def test_make_policy_names_and_balancer_checks():
     assert [type(make_policy(name, 2)).__name__ for name in POLICIES] == [
         "KVAware", "KVAware", "LeastRequests", "RoundRobin", "StaticSplit"]
     assert [make_policy(name, 2).reserves_kv for name in POLICIES] == [True, True, False, False, False]
+    assert [make_policy(name, 2).affinity for name in POLICIES] == [True, False, False, False, False]
     with pytest.raises(ValueError, match="unknown balancing policy 'fastest'"):
         Balancer([None], policy="fastest")
     with pytest.raises(ValueError, match="part_tokens must be >= 1"):
         Balancer([None], part_tokens=0)
+    with pytest.raises(ValueError, match="affinity_lookahead must be >= 0"):
+        Balancer([None], affinity_lookahead=-1)
     assert Balancer([None], policy="least_requests").part_tokens is None  # parts only where reservations route
 
 
@@ -188,3 +191,67 @@ def test_gin_file_binds_the_balancer():
     assert (balancer.policy_name, type(balancer.balancing).__name__, balancer.part_tokens) == (
         "static_split", "StaticSplit", None)
     assert balancer.readings.interval_s == 1.0 and balancer.affinity_keys == 65536
+
+
+class OneSlotEngine:
+    """Runs one request at a time (max_sequences 1) and holds it until `finish()`; records what reached it."""
+
+    def __init__(self) -> None:
+        self.pending: list[asyncio.Future] = []
+        self.started: list[int] = []  # each request's first id
+
+    async def generate(self, prompt_ids, sampling: SamplingParams) -> Generation:
+        answer = asyncio.get_running_loop().create_future()
+        self.pending.append(answer)
+        self.started.append(prompt_ids[0])
+        try:
+            return await answer
+        finally:
+            self.pending.remove(answer)
+
+    async def capacity(self) -> EngineCapacity:
+        return EngineCapacity(10_000, 0, len(self.pending), 0, max_sequences=1)
+
+    def finish(self) -> None:
+        self.pending[0].set_result(Generation((1,), (-1.0,), FINISH_STOP))
+
+
+@pytest.mark.parametrize("lookahead", [64, 0])
+def test_a_turn_returning_to_the_engine_that_frees_room_goes_there_before_the_head(lookahead):
+    """Both one-slot engines busy; the queue holds a new trajectory's turn, then the next turn of a trajectory that
+    ran on engine 0. Engine 0 frees its slot: the returning turn takes it (its context is there), the new one takes
+    engine 1's when that frees. Without lookahead the head takes engine 0 and the returning turn lands on 1."""
+
+    async def scenario() -> tuple[list[int], list[int]]:
+        engines = [OneSlotEngine(), OneSlotEngine()]
+        balancer = Balancer(engines, policy="kv_aware", part_tokens=None, scrape_interval_s=0.0,
+                            affinity_lookahead=lookahead)
+
+        def turn(first_id: int, key: int) -> asyncio.Task:
+            sampling = SamplingParams(max_new_tokens=8, routing_key=RoutingKey(key))
+            return asyncio.create_task(balancer.generate([first_id, 1, 2], sampling))
+
+        earlier = turn(100, key=1)
+        await asyncio.sleep(0.02)
+        assert engines[0].started == [100]
+        engines[0].finish()
+        await earlier
+        busy = [turn(200, key=2), turn(300, key=3)]  # one on each engine
+        await asyncio.sleep(0.02)
+        new, returning = turn(400, key=4), turn(110, key=1)
+        await asyncio.sleep(0.02)
+        assert balancer.queued == 2
+        engines[0].finish()
+        await asyncio.sleep(0.02)
+        engines[1].finish()
+        await asyncio.sleep(0.02)
+        for engine in engines:
+            engine.finish()
+        await asyncio.gather(*busy, new, returning)
+        return engines[0].started, engines[1].started
+
+    first, second = asyncio.run(scenario())
+    if lookahead:
+        assert first == [100, 200, 110] and second == [300, 400]
+    else:
+        assert first == [100, 200, 400] and second == [300, 110]
