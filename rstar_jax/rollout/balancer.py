@@ -79,7 +79,6 @@ class Balancer(FailoverEngine):
         self.affinity_lookahead = affinity_lookahead
         self._reserved = [0] * len(self.engines)  # tokens each admission holds alone
         self._held = [HeldBlocks() for _ in self.engines]  # prefix blocks admissions hold together
-        self._block_sizes = [1] * len(self.engines)
         self._states = [EngineState(index, 0, 0, 0) for index in range(len(self.engines))]
         self._live = self.live
         self._all_read = False
@@ -102,15 +101,20 @@ class Balancer(FailoverEngine):
         """Generate the turn on the engines, in parts of at most `part_tokens` tokens with a KV-aware policy."""
         if self.part_tokens is None or sampling.max_new_tokens <= self.part_tokens:
             return await super().generate(prompt_ids, sampling)
-        if not self._all_read:  # the engines' block sizes come with their first readings
-            await self.readings.ensure(self._live)
-            self._all_read = True
+        await self._ensure_read()  # the engines' block sizes come with their first readings
         block_size = max((reading.capacity.block_size for reading in map(self.readings.latest, self._live)
                           if reading is not None), default=1)
         return await generate_in_parts(super().generate, prompt_ids, sampling, self.part_tokens, block_size)
 
+    async def _ensure_read(self) -> None:
+        """Every live engine read once (capacities, block sizes) before the first request is routed."""
+        if not self._all_read:
+            await self.readings.ensure(self._live)
+            self._all_read = True
+
     def _reserved_on(self, index: int) -> int:
-        return self._reserved[index] + len(self._held[index]) * self._block_sizes[index]
+        held = len(self._held[index])  # prefix blocks are only held on an engine read as sharing them
+        return self._reserved[index] + (held * self.readings.latest(index).capacity.block_size if held else 0)
 
     def _prefix_keys(self, turn: Turn, index: int) -> tuple[int, ...]:
         """The turn's leading full blocks on engine `index`, if that engine shares prefix blocks."""
@@ -127,9 +131,7 @@ class Balancer(FailoverEngine):
 
     async def _acquire(self, prompt_ids: Sequence[int], sampling: SamplingParams) -> Admission:
         """Admit the attempt on the engine the policy picks, or queue it until one has room (SPEC section 6)."""
-        if not self._all_read:
-            await self.readings.ensure(self._live)
-            self._all_read = True
+        await self._ensure_read()
         turn = Turn.of(prompt_ids, sampling)
         if not self._queue or turn.continuing:  # the next part of a running turn does not queue behind new turns
             index = self._place(turn)
@@ -180,10 +182,11 @@ class Balancer(FailoverEngine):
 
     def _admit(self, index: int, turn: Turn) -> Admission:
         state, keys = self._states[index], self._prefix_keys(turn, index)
-        if keys and state.need(turn) < state.kv_tokens_total:  # its own tokens beyond the blocks it may share
-            alone = state.need(turn) - len(keys) * state.block_size
+        need = state.need(turn)
+        if keys and need < state.kv_tokens_total:  # its own tokens beyond the blocks it may share
+            alone = need - len(keys) * state.block_size
         else:  # shares nothing, or takes the whole cache
-            alone, keys = state.need(turn), ()
+            alone, keys = need, ()
         self._reserved[index] += alone
         self._held[index].hold(keys)
         self._in_flight[index] += 1
@@ -216,7 +219,6 @@ class Balancer(FailoverEngine):
             self._states[index] = EngineState(index, self._in_flight[index], 0, 0)
             return
         capacity = reading.capacity
-        self._block_sizes[index] = capacity.block_size if capacity.shares_prefixes else 1
         self._states[index] = EngineState(index, self._in_flight[index], capacity.kv_tokens_total,
                                           reading.free_tokens(self._reserved_on(index)), capacity.max_sequences,
                                           capacity.block_size)

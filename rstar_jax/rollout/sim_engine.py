@@ -237,8 +237,11 @@ class SimEngine:
         size = self.profile.block_size
         if size == 1:
             return self._used() >= self.profile.kv_tokens - _EPS
-        asking = sum(1 for sequence in self._running if self._to_next_block(sequence) == 0.0)
-        return self._used() + asking * size > self.profile.kv_tokens + _EPS
+        return self._used() + self._asking() * size > self.profile.kv_tokens + _EPS
+
+    def _asking(self) -> int:
+        """Running sequences whose next token needs a block they do not hold yet."""
+        return sum(1 for sequence in self._running if self._to_next_block(sequence) == 0.0)
 
     def _advance(self, now: float) -> None:
         """Decode progress from the accounted time to `now` (none while a prefill stalls the batch)."""
@@ -305,8 +308,7 @@ class SimEngine:
             if size == 1:
                 need = context + len(self._running) + 1
             else:
-                asking = sum(1 for running in self._running if self._to_next_block(running) == 0.0)
-                need = (math.ceil(context / size) - shared + asking) * size
+                need = (math.ceil(context / size) - shared + self._asking()) * size
             if need > profile.kv_tokens - self._used():
                 return
             self._waiting.popleft()
