@@ -46,6 +46,12 @@ from rstar_jax.rollout.jax_engine_steps import (LARGEST_TURN_BUCKET, SMALLEST_DE
                                                 power_of_two_buckets, prefill_and_sample, suffix_chunks)
 from rstar_jax.rollout.sampling import seed_words
 
+# One engine's weight copy at a time in a process. Two engines copying the learner's 8-device-sharded parameters from
+# two worker threads at once failed once in CI inside JAX's resharding copy (`safe_zip() argument 1 has length 8 but
+# argument 0 has length 6`, shard_sharded_device_array_slow_path); it did not recur alone or in a stress test, so the
+# copies are serialised rather than trusted. Each copy is memory-bound, so little is lost.
+_WEIGHT_COPY_LOCK = threading.Lock()
+
 logger = logging.getLogger(__name__)
 
 
@@ -504,9 +510,10 @@ class JaxEngine:
                 raise ValueError(f"parameter {path} has shape {tuple(np.shape(leaf))}, the engine's model needs "
                                  f"{shape}")
         dtype = self.config.jnp_param_dtype
-        copies = [jax.device_put(leaf, self._device, may_alias=False) if _is_array_of(leaf, dtype)
-                  else jax.device_put(np.asarray(leaf).astype(dtype), self._device) for leaf in leaves]
-        return jax.block_until_ready(jax.tree_util.tree_unflatten(treedef, copies))
+        with _WEIGHT_COPY_LOCK:
+            copies = [jax.device_put(leaf, self._device, may_alias=False) if _is_array_of(leaf, dtype)
+                      else jax.device_put(np.asarray(leaf).astype(dtype), self._device) for leaf in leaves]
+            return jax.block_until_ready(jax.tree_util.tree_unflatten(treedef, copies))
 
 
 def _check_turn_buckets(buckets: Sequence[int], max_len: int) -> tuple[int, ...]:
