@@ -14,8 +14,8 @@
    (experiments/reports/demo_seeds/range.json, from `experiments.demo_seeds`) and what a figure outside it suggests.
 Writes OUT/demo_summary.json (with avg@k per problem kind, the paired changes and the lines against the range),
 OUT/heldout_{after_sft,after_rl}_{sampled,greedy}.jsonl (one record per held-out problem: its samples' verdicts,
-answers, lengths, tool calls and errors), OUT/demo.log, OUT/operative_config.gin, OUT/sft/ and OUT/rl/
-(metrics.jsonl, tensorboard/, plots/, checkpoints/, model/). An interrupted demo run again with the same OUT resumes.
+answers, lengths, tool calls and errors), OUT/demo.log, OUT/operative_config.gin, OUT/bound_config.gin, OUT/sft/ and
+OUT/rl/ (metrics.jsonl, tensorboard/, plots/, checkpoints/, model/). An interrupted demo run again with the same OUT resumes.
 
 """
 
@@ -37,7 +37,7 @@ from rstar_jax.eval.benchmark_report import problem_records_jsonl
 from rstar_jax.eval.report import (accuracy_by_kind, change_text, comparison_table, example_text, kind_table,
                                    paired_changes)
 from rstar_jax.eval.seed_range import SEED_PARAMETERS, config_fingerprint
-from rstar_jax.gin_setup import knob_help, parse_gin, write_operative_config
+from rstar_jax.gin_setup import knob_help, parse_gin, write_bound_config, write_operative_config
 from rstar_jax.model import load_hf
 from rstar_jax.model.folder import save_model_folder
 from rstar_jax.processes import running_sandbox
@@ -109,8 +109,9 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
                    "seed": args.seed, "total_seconds": time.monotonic() - started,
                    "phase_seconds": {"sft": sft_time["seconds"], "eval_before": before_time["seconds"],
                                      "rl": rl_time["seconds"], "eval_after": after_time["seconds"]}}
+        write_operative_config(out)
         summary["against_seed_range"] = against_seed_range(
-            summary, config_fingerprint(write_operative_config(out).read_text()))
+            summary, config_fingerprint(write_bound_config(out).read_text()))
         (out / "demo_summary.json").write_text(json.dumps(summary, indent=1) + "\n")
         for when, by_mode in results.items():
             for name, result in by_mode.items():

@@ -37,7 +37,7 @@ from rstar_jax.processes import pinned_command, start_logged
 RANGE_FILE = REPO_ROOT / "experiments" / "reports" / "demo_seeds" / "range.json"
 TABLE_FILE = "table.md"  # beside the range file
 SUMMARY_FILE = "demo_summary.json"
-CONFIG_FILE = "operative_config.gin"
+CONFIG_FILE = "bound_config.gin"
 ONE_THREAD = {"XLA_FLAGS": "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1",
               "OMP_NUM_THREADS": "1"}
 POLL_S = 5.0
@@ -93,7 +93,7 @@ def run_seeds(seeds: Sequence[int], out: str | Path, gin_params: Sequence[str], 
 
 
 def load_runs(out: str | Path, seeds: Sequence[int]) -> tuple[list[dict[str, Any]], list[str]]:
-    """Each seed's demo summary and config fingerprint (of the operative config its demo wrote)."""
+    """Each seed's demo summary and config fingerprint (of the bound config its demo wrote)."""
     folders = [seed_dir(out, seed) for seed in seeds]
     return ([json.loads((folder / SUMMARY_FILE).read_text()) for folder in folders],
             [config_fingerprint((folder / CONFIG_FILE).read_text()) for folder in folders])

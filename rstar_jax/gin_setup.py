@@ -1,7 +1,7 @@
 """Gin configuration for every entry point (DESIGN: "Everything is a gin parameter").
 
 One parser so that every command treats a bad binding the same way (a `GinConfigError` naming it, before any
-work starts) and every run can write its operative config beside its outputs.
+work starts) and every run can write its operative config (and its bound one) beside its outputs.
 """
 
 from __future__ import annotations
@@ -71,6 +71,16 @@ def write_operative_config(run_dir: str | Path) -> Path:
     path = Path(run_dir) / "operative_config.gin"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(gin.operative_config_str())
+    return path
+
+
+def write_bound_config(run_dir: str | Path) -> Path:
+    """Write every binding the gin files and parameters made, read by the run or not, to RUN_DIR/bound_config.gin.
+    Unlike the operative config it does not depend on what the run called: a resumed run that skips finished work
+    (and the configurables that work reads) writes the same file as a fresh one."""
+    path = Path(run_dir) / "bound_config.gin"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(gin.config_str())
     return path
 
 

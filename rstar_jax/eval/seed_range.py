@@ -5,10 +5,11 @@ within its budget decides where RL starts (held-out T=1 accuracy 7.3-32.8% over 
 the committed range) and how much it gains. A single run's numbers say little without that spread, so seed runs
 (`experiments.demo_seeds`) write every figure's range to a committed file, and the demo prints its figures beside
 it, with what a figure outside it suggests (RULES). A range is only comparable with runs of its own configuration:
-`config_fingerprint` hashes the operative gin config without the seed bindings, so every seed of one configuration
-shares it.
+`config_fingerprint` hashes the bound gin config (every binding the gin files and parameters made) without the seed
+bindings, so every seed of one configuration shares it, and so does a resumed run (the operative config would not:
+a resumed demo skips finished work, and the configurables it reads drop out). A changed code default is not seen.
 
-Pure: demo summaries (demo_summary.json) and operative-config text in, records, lines and markdown out.
+Pure: demo summaries (demo_summary.json) and gin-config text in, records, lines and markdown out.
 """
 
 from __future__ import annotations
@@ -114,10 +115,10 @@ RULES: tuple[tuple[Callable[[Reading], bool], str], ...] = (
 )
 
 
-def config_fingerprint(operative_config: str) -> str:
-    """A short hash of an operative gin config (OUT/operative_config.gin) without the SEED_PARAMETERS bindings:
-    equal for every seed of one configuration, different when any other binding differs."""
-    kept = [line for line in operative_config.splitlines() if line.split("=", 1)[0].strip() not in SEED_PARAMETERS]
+def config_fingerprint(bound_config: str) -> str:
+    """A short hash of a bound gin config (OUT/bound_config.gin, `gin.config_str()`) without the SEED_PARAMETERS
+    bindings: equal for every seed of one configuration, different when any other binding differs."""
+    kept = [line for line in bound_config.splitlines() if line.split("=", 1)[0].strip() not in SEED_PARAMETERS]
     return hashlib.sha256("\n".join(kept).encode()).hexdigest()[:16]
 
 

@@ -1,4 +1,4 @@
-"""Hand-made demo run folders for the seed-range tests: demo_summary.json with the figures given, and an operative
+"""Hand-made demo run folders for the seed-range tests: demo_summary.json with the figures given, and a bound
 config whose seed bindings carry the run's seed."""
 
 from __future__ import annotations
@@ -49,9 +49,9 @@ def summary(seed: int | None = 0, sft: float = 0.25, rl: float = 0.45, greedy: t
 
 
 def write_run(folder: Path, run: dict[str, Any], config: str = CONFIG) -> Path:
-    """A demo run folder holding `run` as its summary and `config` (seeded with the run's seed) as its operative
+    """A demo run folder holding `run` as its summary and `config` (seeded with the run's seed) as its bound
     config."""
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "demo_summary.json").write_text(json.dumps(run))
-    (folder / "operative_config.gin").write_text(config.format(seed=run["seed"]))
+    (folder / "bound_config.gin").write_text(config.format(seed=run["seed"]))
     return folder

@@ -344,11 +344,19 @@ def test_keep_mode_sync_switches_a_turn_in_flight_to_the_new_weights(served):
     sequence = PROMPT + turn.token_ids
     by_old = jax_scores(model.config, old, sequence)[len(PROMPT) - 1:]
     by_new = jax_scores(model.config, new, sequence)[len(PROMPT) - 1:]
-    on_old = np.abs(np.asarray(turn.logprobs) - by_old) < 1e-4
-    on_new = np.abs(np.asarray(turn.logprobs) - by_new) < 1e-4
+    logprobs = np.asarray(turn.logprobs)
+    # The sharpened weights' logits are 4x larger, and vLLM's float32 kernels and JAX's then differ by more: the
+    # largest miss over a turn's ~4,000 new-weight tokens was 5.8e-5 to 1.0e-4 in 6 runs here (one above 1e-4, as
+    # once in CI), against ~1e-6 on the old weights. The new weights are another random draw, so the two logprobs of a
+    # token are unrelated.
+    on_old = np.abs(logprobs - by_old) < 1e-4
+    on_new = np.abs(logprobs - by_new) < 5e-4
     switch = int(np.argmin(on_old))  # first token not sampled by the old weights
     assert 0 < switch < LONG_TURN, f"the new weights sampled no token ({timing})"
-    assert on_old[:switch].all() and on_new[switch:].all()
+    off = np.flatnonzero(~np.concatenate([on_old[:switch], on_new[switch:]]))
+    deviation = np.abs(logprobs - np.concatenate([by_old[:switch], by_new[switch:]]))
+    assert off.size == 0, (f"switch at token {switch}; tokens on neither policy: {off[:10].tolist()}, off by "
+                           f"{deviation[off[:10]].tolist()}; {timing}")
 
 
 def test_a_server_killed_mid_generation_raises_engine_unavailable(served):

@@ -84,3 +84,14 @@ def test_the_demo_runs_every_phase_and_reports_the_comparison(tmp_path: Path) ->
     moved = {name: float(np.max(np.abs(rl[name].astype(np.float64) - sft[name]))) for name in sft}
     assert all(value > 0 for value in moved.values()), moved
     assert max(moved.values()) == pytest.approx(1e-4, rel=0.05), moved
+    # Run again into the same folder, it resumes: SFT and RL are not redone (their phases find their models), and
+    # the config it fingerprints against the seed range (its bound config) is the first run's, though the resumed
+    # phases read fewer bindings (sft_transcripts, synthetic_tasks, ... were not called: the SFT was done).
+    bound, operative = ((out / name).read_text() for name in ("bound_config.gin", "operative_config.gin"))
+    again = subprocess.run(command, cwd=REPO_ROOT, env={**os.environ, "XLA_FLAGS": ""}, capture_output=True,
+                           text=True, timeout=1500)
+    assert again.returncode == 0, f"{again.stdout[-4000:]}\n{again.stderr[-4000:]}"
+    assert (out / "bound_config.gin").read_text() == bound
+    assert "sft_transcripts.max_concurrency" in operative
+    assert "sft_transcripts.max_concurrency" not in (out / "operative_config.gin").read_text()
+    assert len(read_metrics(out / "rl" / "metrics.jsonl")) == 1
