@@ -51,7 +51,8 @@ from rstar_jax.train.sft_run import train_sft
 
 DEMO_GIN = "demo/cpu_demo.gin"
 
-KNOBS = ("train_sft.drill_steps", "train_sft.short_steps", "train_sft.steps", "RLSettings.prompts_per_step",
+KNOBS = ("train_sft.drill_steps", "train_sft.short_steps", "train_sft.steps", "train_sft.number_loss_weight",
+         "RLSettings.prompts_per_step",
          "RLSettings.group_size", "short/Stage.steps", "longer/Stage.steps", "rl_optimizer.learning_rate",
          "make_selector.algorithm", "RocSelector.mode", "HeldOutEval.samples", "RolloutBackend.backend")
 

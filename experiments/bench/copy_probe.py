@@ -14,9 +14,10 @@ outputs into answers). Both runs see the same drills in the same order and the s
 `--layout demo --seeds 0,1` (issue 24: the demo's SFT copies on some seeds and not on others) instead trains exactly
 the demo's drill phase: the model initialised from each seed as `train_sft.model_seed`, the drill rows of
 `gin/sft/tiny_format.gin` from that seed as `train_sft.data_seed` (18 rows filled to 192 tokens a step, its share of
-retries) and its optimiser (`sft_optimizer` over the whole SFT's steps, so the drill steps see the demo's warm-up and
-rates; drilling past the demo's 400 steps continues the same cosine). Copy accuracy is measured the same way, on 64
-held-out drills of the transcripts' chat layout (another seed), once with the committed tokenizer.
+retries, its loss weight on number tokens) and its optimiser (`sft_optimizer` over the whole SFT's steps, so the
+drill steps see the demo's warm-up and rates; drilling past the demo's 400 steps continues the same cosine). Copy
+accuracy is measured the same way, on 64 held-out drills of the transcripts' chat layout (another seed), once with
+the committed tokenizer.
 
     python -m experiments.bench.copy_probe --layout demo --seeds 0,1 --steps 540 --every 20 --json PATH
 
@@ -56,7 +57,7 @@ from rstar_jax.train.batching import make_batch
 from rstar_jax.train.optim import adamw_optimizer, sft_optimizer
 from rstar_jax.train.sft import make_sft_step
 from rstar_jax.train.sft_data import TrainingSequence, cached_sft_sequences
-from rstar_jax.train.sft_run import drill_batch
+from rstar_jax.train.sft_run import drill_batch, number_token_weights
 from rstar_jax.train.state import init_train_state, train_state_shardings
 
 LAYOUTS = ("pieces", "demo", "transcripts")
@@ -161,8 +162,9 @@ def _shown(figures: dict[str, Any]) -> str:
 
 def copy_curve(tokenizer: Any, config: ModelConfig, params: Any, optimizer: Any, schedule: Any, steps: int,
                every: int, drills: Callable[[int], list[TrainingSequence]],
-               held_out_texts: Sequence[str]) -> list[dict[str, float]]:
-    """Train `params` on `drills(step)` for `steps` steps; the copy accuracy on `held_out_texts` every `every` steps."""
+               held_out_texts: Sequence[str], target_weights: np.ndarray | None = None) -> list[dict[str, float]]:
+    """Train `params` on `drills(step)` for `steps` steps (the loss weighting targets by `target_weights`, as
+    `make_sft_step`); the copy accuracy on `held_out_texts` every `every` steps."""
     mesh = make_mesh(devices=jax.devices()[:1])
     state = init_train_state(params, optimizer)
     shardings = train_state_shardings(state, mesh)
@@ -178,7 +180,8 @@ def copy_curve(tokenizer: Any, config: ModelConfig, params: Any, optimizer: Any,
         if step < steps:
             rows = drills(step)
             if len(rows) not in step_fns:
-                step_fns[len(rows)] = make_sft_step(config, optimizer, schedule, mesh, shardings, len(rows))
+                step_fns[len(rows)] = make_sft_step(config, optimizer, schedule, mesh, shardings, len(rows),
+                                                    target_weights)
             state, _ = step_fns[len(rows)](state, make_batch(rows))
     return curve
 
@@ -223,7 +226,8 @@ def _bound(parameter: str, default: Any) -> Any:
 
 
 def run_demo_drills(seed: int, config: ModelConfig, steps: int, every: int) -> list[dict[str, float]]:
-    """The demo's drill phase from `seed` (model and drill data), with its optimiser over the whole SFT's steps."""
+    """The demo's drill phase from `seed` (model and drill data), with its optimiser over the whole SFT's steps and
+    its loss weight on number tokens."""
     tokenizer = load_tokenizer("tiny")
     total = sum(gin.query_parameter(f"train_sft.{name}") for name in ("drill_steps", "short_steps", "steps"))
     optimizer, schedule = sft_optimizer(total)
@@ -232,7 +236,8 @@ def run_demo_drills(seed: int, config: ModelConfig, steps: int, every: int) -> l
                       lambda step: drill_batch(step, batch_size, tokenizer, seed, snippets=3, length=length,
                                                retries=gin.query_parameter("train_sft.drill_retries"),
                                                kinds=_bound("train_sft.drill_kinds", KINDS)),
-                      [copy_drill_text(index, seed=HELD_OUT_SEED) for index in range(64)])
+                      [copy_drill_text(index, seed=HELD_OUT_SEED) for index in range(64)],
+                      number_token_weights(tokenizer, config.vocab_size, _bound("train_sft.number_loss_weight", 1.0)))
 
 
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:

@@ -11,6 +11,7 @@ from typing import Callable
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
@@ -32,9 +33,17 @@ def target_logprobs(params: Params, config: ModelConfig, batch: TokenBatch) -> j
                           attention_mask, jnp.asarray(batch.targets))
 
 
-def sft_loss(params: Params, config: ModelConfig, batch: TokenBatch) -> jax.Array:
-    """The SFT objective of one batch: masked NLL of the targets, normalised by the number of trained tokens."""
-    return masked_nll(target_logprobs(params, config, batch), jnp.asarray(batch.loss_mask))
+def sft_loss(params: Params, config: ModelConfig, batch: TokenBatch,
+             target_weights: jax.Array | None = None) -> jax.Array:
+    """The SFT objective of one batch: masked NLL of the targets, normalised by the number of trained tokens.
+
+    With `target_weights` [vocab] a trained target token t counts `target_weights[t]` times, in the sum and in the
+    normalising count (e.g. number tokens weighted up, so their copies sharpen sooner).
+    """
+    loss_mask = jnp.asarray(batch.loss_mask)
+    if target_weights is not None:
+        loss_mask = loss_mask * target_weights[jnp.asarray(batch.targets)]
+    return masked_nll(target_logprobs(params, config, batch), loss_mask)
 
 
 def batch_shardings(mesh: Mesh, batch_size: int) -> TokenBatch:
@@ -45,16 +54,19 @@ def batch_shardings(mesh: Mesh, batch_size: int) -> TokenBatch:
 
 
 def make_sft_step(config: ModelConfig, optimizer: optax.GradientTransformation, schedule: optax.Schedule,
-                  mesh: Mesh, state_shardings: TrainState, batch_size: int) -> SftStep:
+                  mesh: Mesh, state_shardings: TrainState, batch_size: int,
+                  target_weights: np.ndarray | None = None) -> SftStep:
     """The jitted `sft_step(state, batch) -> (state, metrics)` for batches of `batch_size` rows on `mesh`.
 
     metrics (replicated scalars): loss, grad_norm (before clipping), learning_rate (of this update) and
-    trained_tokens. The input state is donated: its buffers become the output state's.
+    trained_tokens. The input state is donated: its buffers become the output state's. `target_weights` [vocab]
+    weights each trained target token by its id (`sft_loss`).
     """
+    weights = None if target_weights is None else jnp.asarray(target_weights, jnp.float32)
 
     def sft_step(state: TrainState, batch: TokenBatch) -> tuple[TrainState, Metrics]:
         with use_mesh(mesh):
-            loss, grads = jax.value_and_grad(sft_loss)(state.params, config, batch)
+            loss, grads = jax.value_and_grad(sft_loss)(state.params, config, batch, weights)
             updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
             params = optax.apply_updates(state.params, updates)
         metrics = {

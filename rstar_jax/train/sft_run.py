@@ -8,7 +8,8 @@ Three phases on one optimiser schedule, from short sequences to long:
    sandbox server's outputs, system prompt and tool schema included, as rollouts will see them.
 Drill batches are a pure function of the step; transcripts come from grain iterators. Every `save_every` steps
 (and after the last) one orbax Composite checkpoint holds the TrainState and both iterators, so a killed run started
-again with the same folder resumes and ends with bit-identical parameters. Metrics go through the shared `MetricsWriter`.
+again with the same folder resumes and ends with bit-identical parameters. Metrics go through the shared
+`MetricsWriter`.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from typing import Sequence
 import gin
 import grain
 import jax
+import numpy as np
 import orbax.checkpoint as ocp
 
 from rstar_jax.console import Progress, say
@@ -59,6 +61,16 @@ def drill_batch(step: int, batch_size: int, tokenizer: object, seed: int, snippe
     return [TrainingSequence(ids, (1,) * len(ids)) for ids in drills]
 
 
+def number_token_weights(tokenizer: object, vocab_size: int, weight: float) -> np.ndarray:
+    """[vocab_size] loss weights: `weight` for every token that spells digits only (with or without a leading
+    space marker), 1 for the rest."""
+    weights = np.ones(vocab_size, np.float32)
+    for token, index in tokenizer.get_vocab().items():
+        if token.lstrip("\u0120").isdigit() and index < vocab_size:
+            weights[index] = weight
+    return weights
+
+
 def without_system_turn(sequence: TrainingSequence, im_start_id: int) -> TrainingSequence:
     """The transcript from its user turn on: the system prompt and tool schema (the same for every transcript and
     most of its length) cut off."""
@@ -88,17 +100,19 @@ def _restore(manager: ocp.CheckpointManager, like: TrainState, shardings: TrainS
 def train_sft(out: str | Path, steps: int = 100, batch_size: int = 16, num_transcripts: int = 256,
               drill_steps: int = 0, drill_batch_size: int = 16, short_steps: int = 0, short_batch_size: int = 8,
               drill_snippets: int = 3, drill_length: int | None = None, drill_retries: float = 0.0,
-              drill_kinds: Sequence[str] = KINDS, data_seed: int = 0, model_seed: int = 0, tokenizer: str = "tiny", save_every: int = 25,
-              stop_at_step: int | None = None, pad_multiple: int | None = None) -> Path | None:
+              drill_kinds: Sequence[str] = KINDS, data_seed: int = 0, model_seed: int = 0, tokenizer: str = "tiny",
+              save_every: int = 25, stop_at_step: int | None = None, pad_multiple: int | None = None,
+              number_loss_weight: float = 1.0) -> Path | None:
     """Run (or resume) the format SFT into `out`; returns the trained HF folder, or None when stopped early.
 
-    `drill_steps` steps of `drill_batch_size` copy drills come first, then `short_steps` steps of
-    `short_batch_size` transcripts without their system turn, then `steps` steps of `batch_size` whole transcripts (of `num_transcripts`, generated once
-    against a sandbox server and cached in OUT/transcripts.jsonl).
+    `drill_steps` steps of `drill_batch_size` copy drills come first, then `short_steps` steps of `short_batch_size`
+    transcripts without their system turn, then `steps` steps of `batch_size` whole transcripts (of
+    `num_transcripts`, generated once against a sandbox server and cached in OUT/transcripts.jsonl).
     A drill row holds `drill_snippets` whole pieces, or with `drill_length` as many pieces as fill exactly that many
     tokens (no padding); a share `drill_retries` of the pieces are retries (`rstar_jax.data.copy_drills`), and the
     questions are of `drill_kinds` (a kind named twice is drawn twice as often).
     Rows are padded to a multiple of `pad_multiple` tokens (None: the next power of two; `bucket_length`).
+    A trained target that is a number token (digits only) counts `number_loss_weight` times in the loss.
     `stop_at_step` ends the run after that step without saving anything more, exactly as if it were killed there.
     Writes OUT/model/, OUT/metrics.jsonl, OUT/tensorboard/, OUT/summary.json and OUT/checkpoints/.
     """
@@ -127,7 +141,9 @@ def train_sft(out: str | Path, steps: int = 100, batch_size: int = 16, num_trans
     start = int(state.step)
     if start:
         say(f"SFT: resuming {out} after step {start} of {total}")
-    steps_for = {size: make_sft_step(model.config, optimizer, schedule, mesh, shardings, size)
+    weights = None if number_loss_weight == 1.0 else \
+        number_token_weights(token_source, model.config.vocab_size, number_loss_weight)
+    steps_for = {size: make_sft_step(model.config, optimizer, schedule, mesh, shardings, size, weights)
                  for size in {batch_size, drill_batch_size, short_batch_size}}
     pad_id = model.config.pad_token_id or 0
     with MetricsWriter(out, resume_step=start) as writer, Progress(total, "SFT", initial=start) as progress:

@@ -22,12 +22,12 @@ SHRUNKEN = [
     "ModelConfig.hidden_size = 64", "ModelConfig.intermediate_size = 128", "ModelConfig.num_layers = 2",
     "ModelConfig.num_heads = 2", "ModelConfig.num_kv_heads = 1",
     "train_sft.drill_steps = 2", "train_sft.short_steps = 100", "train_sft.steps = 3", "train_sft.num_transcripts = 8",
-    "train_sft.batch_size = 4",
+    "train_sft.batch_size = 4", "train_sft.number_loss_weight = 1.0",
     "RLSettings.stages = [@short/Stage()]", "short/Stage.steps = 1", "RLSettings.prompts_per_step = 2",
     # RL on the one problem the shrunken SFT solves in some samples: the first of its 8 transcripts (synthetic tasks
     # of the data seed, --seed 3 below), whose 'short' phase it has memorised. Mixed rewards, so the step updates.
     # (Those transcripts as they were drawn with half of them faulty, the demo's earlier mix: with a quarter this
-    # shrunken SFT never solved the problem.)
+    # shrunken SFT never solved the problem; number tokens at their plain loss weight, as then.)
     "short/ProblemSource.count = 1", "short/ProblemSource.seed = 3", "sft_transcripts.faulty_fraction = 0.5",
     "HeldOutEval.problems = @small/ProblemSource()", "small/ProblemSource.source = 'synthetic'",
     "small/ProblemSource.count = 4", "small/ProblemSource.split = 'heldout'", "HeldOutEval.samples = 2",

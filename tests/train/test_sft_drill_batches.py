@@ -1,5 +1,5 @@
 """The SFT's drill batches (rstar_jax.train.sft_run.drill_batch): snippet drills pad to their longest row, filled
-drills are exactly `length` predictions each, every token trained."""
+drills are exactly `length` predictions each, every token trained; number tokens weighted in the loss."""
 
 import numpy as np
 import pytest
@@ -7,7 +7,7 @@ import pytest
 from rstar_jax.data.synthetic import KINDS
 from rstar_jax.tokenizers import load_tokenizer
 from rstar_jax.train.batching import make_batch
-from rstar_jax.train.sft_run import drill_batch
+from rstar_jax.train.sft_run import drill_batch, number_token_weights
 
 
 def test_filled_drills_make_an_unpadded_batch_of_the_asked_length():
@@ -44,3 +44,13 @@ def test_drill_kinds_choose_the_questions_and_a_kind_named_twice_comes_twice_as_
     assert drill_batch(0, 4, tokenizer, 0, 3) == drill_batch(0, 4, tokenizer, 0, 3, kinds=KINDS)
     with pytest.raises(ValueError, match="synthetic kinds among"):
         drill_batch(0, 1, tokenizer, 0, 3, kinds=("multiply", "long_division"))
+
+
+def test_number_token_weights_weigh_exactly_the_tokens_that_spell_digits():
+    tokenizer = load_tokenizer("tiny")
+    weights = number_token_weights(tokenizer, 2048, 3.0)
+    ids = tokenizer.encode("x = 1234 + 56; print(x)\nThe answer is 1290.", add_special_tokens=False)
+    pieces = [tokenizer.decode([token]) for token in ids]
+    assert [piece for piece, token in zip(pieces, ids) if weights[token] == 3.0] == ["123", "4", "56", "129", "0"]
+    assert all(weights[token] == 1.0 for piece, token in zip(pieces, ids) if not piece.strip().isdigit())
+    assert weights.shape == (2048,) and set(np.unique(weights)) == {1.0, 3.0}

@@ -111,34 +111,40 @@ def test_constant_and_linear_schedules_and_the_rl_defaults() -> None:
         rl_optimizer(10, warmup_steps=50)
 
 
-def _step_fn(mesh, params, batch_size: int, learning_rate: float = 5e-6, **optimizer_args):
+def _step_fn(mesh, params, batch_size: int, learning_rate: float = 5e-6, target_weights=None, **optimizer_args):
     optimizer, schedule = adamw_optimizer(50, learning_rate, **optimizer_args)
     state = init_train_state(params, optimizer)
     shardings = train_state_shardings(state, mesh)
-    step = make_sft_step(CONFIG, optimizer, schedule, mesh, shardings, batch_size)
+    step = make_sft_step(CONFIG, optimizer, schedule, mesh, shardings, batch_size, target_weights)
     return jax.device_put(state, shardings), step
 
 
-def test_step_loss_equals_torch_cross_entropy_of_the_transformers_model(tmp_path: Path) -> None:
+@pytest.mark.parametrize("weighted", [False, True], ids=["plain", "number_tokens_weighted"])
+def test_step_loss_equals_torch_cross_entropy_of_the_transformers_model(tmp_path: Path, weighted: bool) -> None:
+    """The step's loss is the mean NLL over trained targets; with target weights (ids below 40 count 3 times) the
+    weighted mean, the same weights in its sum and its count."""
     save_hf((CONFIG, init_params(CONFIG, jax.random.key(1))), tmp_path)
     params = load_hf(tmp_path).params
     reference = transformers.AutoModelForCausalLM.from_pretrained(tmp_path, dtype=torch.float32).eval()
     rows = _sequences(4, seed=0)
     batch = make_batch(rows)
+    target_weights = np.where(np.arange(CONFIG.vocab_size) < 40, 3.0, 1.0) if weighted else None
 
-    total, count = 0.0, 0
+    total, count = 0.0, 0.0
     for row in rows:  # one unpadded row at a time: no padding convention shared with the code under test
         ids = torch.tensor([row.token_ids])
         with torch.no_grad():
             logits = reference(ids).logits[0, :-1].double()
         nll = torch.nn.functional.cross_entropy(logits, ids[0, 1:], reduction="none").numpy()
-        mask = np.asarray(row.loss_mask[1:], bool)
-        total, count = total + nll[mask].sum(), count + mask.sum()
+        mask = np.asarray(row.loss_mask[1:], float)
+        if weighted:
+            mask = mask * target_weights[np.asarray(row.token_ids[1:])]
+        total, count = total + (nll * mask).sum(), count + mask.sum()
 
-    state, step = _step_fn(make_mesh(devices=jax.devices()[:1]), params, 4)
+    state, step = _step_fn(make_mesh(devices=jax.devices()[:1]), params, 4, target_weights=target_weights)
     _, metrics = step(state, batch)
     assert float(metrics["loss"]) == pytest.approx(total / count, abs=1e-5)
-    assert int(metrics["trained_tokens"]) == count
+    assert int(metrics["trained_tokens"]) == sum(sum(row.loss_mask[1:]) for row in rows)
 
 
 def test_overfitting_one_batch_drives_the_loss_down() -> None:
