@@ -3,14 +3,14 @@
     python -m experiments.demo_seeds --seeds 0 1 2 3 4 [--out runs/demo_seeds] [--parallel 2] [--gin_param ...]
         [--write-range PATH] [--from-runs]
 
-Runs `python -m experiments.demo --out OUT/seedN --seed N` for each seed, each its own process with its console
-in OUT/seedN/console.log, and skips seeds whose OUT/seedN/demo_summary.json exists (a rerun resumes; an
-interrupted seed resumes from its own checkpoints). --parallel P runs P at a time, the i-th pinned to core i
-(taskset, where installed) and to one thread (XLA_FLAGS, OMP_NUM_THREADS), so two demos on 2 cores do not fight
-over both. Then writes the range record (`rstar_jax.eval.seed_range`: each figure's min, max, mean and per-seed
-values, and the config's fingerprint) to --write-range, by default experiments/reports/demo_seeds/range.json, the
-file `experiments.demo` reads at its end, and table.md beside it (one row per seed and their mean).
---from-runs only aggregates the existing OUT/seedN folders (no training).
+Runs `python -m experiments.demo --out OUT/seedN --seed N` for each seed, each its own process with its console in
+OUT/seedN/console.log, and skips seeds whose OUT/seedN/demo_summary.json exists (a rerun resumes; an interrupted
+seed resumes from its own checkpoints; stopping this command stops its running demos too). --parallel P runs P at a
+time, the i-th pinned to core i (taskset, where installed) and to one thread (XLA_FLAGS, OMP_NUM_THREADS), so two
+demos on 2 cores do not fight over both. Then writes the range record (`rstar_jax.eval.seed_range`: each figure's
+min, max, mean and per-seed values, and the config's fingerprint) to --write-range, by default
+experiments/reports/demo_seeds/range.json, the file `experiments.demo` reads at its end, and table.md beside it (one
+row per seed and their mean). --from-runs only aggregates the existing OUT/seedN folders (no training).
 
 One demo takes ~12 min alone on a quiet 2-core machine and ~23 min with a second beside it (README), so 5 seeds with
 --parallel 2 take about 70 min.

@@ -61,9 +61,13 @@ def drill_batch(step: int, batch_size: int, tokenizer: object, seed: int, snippe
     return [TrainingSequence(ids, (1,) * len(ids)) for ids in drills]
 
 
-def number_token_weights(tokenizer: object, vocab_size: int, weight: float) -> np.ndarray:
+def number_token_weights(tokenizer: object, vocab_size: int, weight: float) -> np.ndarray | None:
     """[vocab_size] loss weights: `weight` for every token that spells digits only (with or without a leading
-    space marker), 1 for the rest."""
+    space marker), 1 for the rest; None (the plain loss) for a weight of 1."""
+    if weight <= 0:
+        raise ValueError(f"a number token's loss weight must be positive, got {weight}")
+    if weight == 1.0:
+        return None
     weights = np.ones(vocab_size, np.float32)
     for token, index in tokenizer.get_vocab().items():
         if token.lstrip("\u0120").isdigit() and index < vocab_size:
@@ -125,6 +129,8 @@ def train_sft(out: str | Path, steps: int = 100, batch_size: int = 16, num_trans
     started = time.monotonic()
     model = seeded_model(out / MODEL_DIR, model_seed, tokenizer)
     token_source = load_tokenizer(tokenizer)
+    # A bad weight fails here, before any transcript is made.
+    weights = number_token_weights(token_source, model.config.vocab_size, number_loss_weight)
     sequences = cached_sft_sequences(out / TRANSCRIPTS_FILE, num_transcripts, data_seed, token_source)
     total = drill_steps + short_steps + steps
     optimizer, schedule = sft_optimizer(total)
@@ -141,8 +147,6 @@ def train_sft(out: str | Path, steps: int = 100, batch_size: int = 16, num_trans
     start = int(state.step)
     if start:
         say(f"SFT: resuming {out} after step {start} of {total}")
-    weights = None if number_loss_weight == 1.0 else \
-        number_token_weights(token_source, model.config.vocab_size, number_loss_weight)
     steps_for = {size: make_sft_step(model.config, optimizer, schedule, mesh, shardings, size, weights)
                  for size in {batch_size, drill_batch_size, short_batch_size}}
     pad_id = model.config.pad_token_id or 0

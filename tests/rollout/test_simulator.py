@@ -220,13 +220,14 @@ def test_the_simulated_balancer_is_the_real_one():
 @pytest.mark.slow
 def test_the_benchmark_meets_its_targets_at_the_papers_batch(tmp_path):
     """Issue 10: 64 engines x 512 prompts x 32 samples; kv_aware >= 1.5x static_split with no preemptions, and
-    ahead of least_requests."""
+    ahead of least_requests. Only the three policies the targets name run: this is the suite's slowest simulation,
+    and the benchmark's other two policies have no target."""
     path = tmp_path / "balancer.json"
     result = bench.main(["--engines", "64", "--prompts", "512", "--samples", "32", "--json", str(path), "--workers",
-                         "2"])
+                         "2", "--policies", "kv_aware,least_requests,static_split"])
     assert json.loads(path.read_text())["ratios"] == pytest.approx(result["ratios"])
     policies = result["policies"]
-    assert set(policies) == {"kv_aware", "kv_aware_no_affinity", "least_requests", "round_robin", "static_split"}
+    assert set(policies) == {"kv_aware", "least_requests", "static_split"}
     for figures in policies.values():
         assert any("throughput" in key for key in figures) and any("preempt" in key for key in figures)
         assert figures["trajectories"] == 512 * 32

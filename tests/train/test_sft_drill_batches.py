@@ -54,3 +54,6 @@ def test_number_token_weights_weigh_exactly_the_tokens_that_spell_digits():
     assert [piece for piece, token in zip(pieces, ids) if weights[token] == 3.0] == ["123", "4", "56", "129", "0"]
     assert all(weights[token] == 1.0 for piece, token in zip(pieces, ids) if not piece.strip().isdigit())
     assert weights.shape == (2048,) and set(np.unique(weights)) == {1.0, 3.0}
+    assert number_token_weights(tokenizer, 2048, 1.0) is None  # the plain loss
+    with pytest.raises(ValueError, match="must be positive"):
+        number_token_weights(tokenizer, 2048, 0.0)
