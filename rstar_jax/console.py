@@ -90,6 +90,12 @@ class Progress:
             else:
                 say(line)
 
+    def extend(self, steps: int) -> None:
+        """`steps` more steps than planned (a run that decided to go on)."""
+        self._total += steps
+        self._bar.total = self._total
+        self._bar.refresh()
+
     def close(self) -> None:
         """Finish the bar."""
         self._bar.close()

@@ -36,14 +36,28 @@ def learning_rate_schedule(total_steps: int, peak: float, warmup_steps: int, sha
     return optax.join_schedules([optax.linear_schedule(0.0, peak, warmup_steps), after], [warmup_steps])
 
 
+def with_warm_restarts(schedule: optax.Schedule, total_steps: int, cycles: int, cycle_steps: int, peak: float,
+                       warmup_fraction: float, end_fraction: float) -> optax.Schedule:
+    """`schedule` over its `total_steps`, then `cycles` cycles of `cycle_steps`, each warming up again to `peak` and
+    decaying by cosine to end_fraction * peak (SGDR's warm restarts): the optional extra rounds of the format SFT's
+    copy gate. Before `total_steps` the rates are `schedule`'s own, so a run that never restarts is unchanged."""
+    if cycles == 0:
+        return schedule
+    cycle = learning_rate_schedule(cycle_steps, peak, round(warmup_fraction * cycle_steps), "cosine", end_fraction)
+    return optax.join_schedules([schedule] + [cycle] * cycles,
+                                [total_steps + index * cycle_steps for index in range(cycles)])
+
+
 def adamw_optimizer(total_steps: int, learning_rate: float, warmup_steps: int | None = None,
                     warmup_fraction: float = 0.0, schedule: str = "cosine", end_fraction: float = 0.0,
                     weight_decay: float = 0.0, clip_norm: float | None = 1.0, b1: float = 0.9,
-                    b2: float = 0.999) -> tuple[optax.GradientTransformation, optax.Schedule]:
+                    b2: float = 0.999, restarts: tuple[int, int, float] = (0, 0, 1.0),
+                    ) -> tuple[optax.GradientTransformation, optax.Schedule]:
     """AdamW (decoupled weight decay) after clipping the gradient's global norm to `clip_norm` (None: no clip).
 
-    The warm-up lasts `warmup_steps`, or `warmup_fraction` of `total_steps` when that is None. Returns the
-    transformation and its learning-rate schedule (for logging the rate of each step).
+    The warm-up lasts `warmup_steps`, or `warmup_fraction` of `total_steps` when that is None. `restarts` (cycles,
+    steps a cycle, peak as a fraction of `learning_rate`) appends warm restarts after `total_steps`
+    (`with_warm_restarts`). Returns the transformation and its learning-rate schedule (for logging each step's rate).
     """
     if clip_norm is not None and clip_norm <= 0:
         raise ValueError(f"clip_norm must be positive or None, got {clip_norm}")
@@ -52,7 +66,10 @@ def adamw_optimizer(total_steps: int, learning_rate: float, warmup_steps: int | 
     if not 0.0 <= warmup_fraction < 1.0:
         raise ValueError(f"warmup_fraction must be within [0, 1), got {warmup_fraction}")
     warmup = round(warmup_fraction * total_steps) if warmup_steps is None else warmup_steps
-    rate = learning_rate_schedule(total_steps, learning_rate, warmup, schedule, end_fraction)
+    cycles, cycle_steps, cycle_peak = restarts
+    rate = with_warm_restarts(learning_rate_schedule(total_steps, learning_rate, warmup, schedule, end_fraction),
+                              total_steps, cycles, cycle_steps, cycle_peak * learning_rate, warmup_fraction,
+                              end_fraction)
     adamw = optax.adamw(rate, b1=b1, b2=b2, weight_decay=weight_decay)
     if clip_norm is None:
         return adamw, rate
@@ -63,10 +80,12 @@ def adamw_optimizer(total_steps: int, learning_rate: float, warmup_steps: int | 
 def sft_optimizer(total_steps: int, learning_rate: float = 5e-6, warmup_fraction: float = 0.04,
                   schedule: str = "cosine", end_fraction: float = 0.0, weight_decay: float = 0.0,
                   clip_norm: float | None = 1.0, b1: float = 0.9,
-                  b2: float = 0.999) -> tuple[optax.GradientTransformation, optax.Schedule]:
-    """The SFT optimiser (SPEC 5: lr 5e-6, 4% warm-up, cosine); see `adamw_optimizer`."""
+                  b2: float = 0.999, restarts: tuple[int, int, float] = (0, 0, 1.0),
+                  ) -> tuple[optax.GradientTransformation, optax.Schedule]:
+    """The SFT optimiser (SPEC 5: lr 5e-6, 4% warm-up, cosine), with the copy gate's `restarts` (cycles, steps,
+    peak fraction) when it may add rounds; see `adamw_optimizer`."""
     return adamw_optimizer(total_steps, learning_rate, None, warmup_fraction, schedule, end_fraction, weight_decay,
-                           clip_norm, b1, b2)
+                           clip_norm, b1, b2, restarts)
 
 
 @gin.configurable

@@ -14,6 +14,7 @@ again with the same folder resumes and ends with bit-identical parameters. Metri
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from pathlib import Path
@@ -33,6 +34,7 @@ from rstar_jax.parallel import abstract_placed, make_mesh
 from rstar_jax.tokenizers import load_tokenizer
 from rstar_jax.tokenizers.special_tokens import IM_START
 from rstar_jax.train.batching import make_batch
+from rstar_jax.train.copy_gate import GATE_TRANSCRIPTS_FILE, CopyGate, check_copies, gate_batch
 from rstar_jax.train.metrics import MetricsWriter
 from rstar_jax.train.optim import sft_optimizer
 from rstar_jax.train.sft import make_sft_step
@@ -106,7 +108,7 @@ def train_sft(out: str | Path, steps: int = 100, batch_size: int = 16, num_trans
               drill_snippets: int = 3, drill_length: int | None = None, drill_retries: float = 0.0,
               drill_kinds: Sequence[str] = KINDS, data_seed: int = 0, model_seed: int = 0, tokenizer: str = "tiny",
               save_every: int = 25, stop_at_step: int | None = None, pad_multiple: int | None = None,
-              number_loss_weight: float = 1.0) -> Path | None:
+              number_loss_weight: float = 1.0, copy_gate: CopyGate | None = None) -> Path | None:
     """Run (or resume) the format SFT into `out`; returns the trained HF folder, or None when stopped early.
 
     `drill_steps` steps of `drill_batch_size` copy drills come first, then `short_steps` steps of `short_batch_size`
@@ -117,6 +119,9 @@ def train_sft(out: str | Path, steps: int = 100, batch_size: int = 16, num_trans
     questions are of `drill_kinds` (a kind named twice is drawn twice as often).
     Rows are padded to a multiple of `pad_multiple` tokens (None: the next power of two; `bucket_length`).
     A trained target that is a number token (digits only) counts `number_loss_weight` times in the loss.
+    With a `copy_gate`, the scheduled steps are followed by its check of held-out copies and, while that fails, by
+    up to `copy_gate.rounds` rounds of short then whole transcripts (`rstar_jax.train.copy_gate`); each check is an
+    entry of phase "copy_check" in OUT/metrics.jsonl, and a resumed run reads it back rather than checking again.
     `stop_at_step` ends the run after that step without saving anything more, exactly as if it were killed there.
     Writes OUT/model/, OUT/metrics.jsonl, OUT/tensorboard/, OUT/summary.json and OUT/checkpoints/.
     """
@@ -132,8 +137,10 @@ def train_sft(out: str | Path, steps: int = 100, batch_size: int = 16, num_trans
     # A bad weight fails here, before any transcript is made.
     weights = number_token_weights(token_source, model.config.vocab_size, number_loss_weight)
     sequences = cached_sft_sequences(out / TRANSCRIPTS_FILE, num_transcripts, data_seed, token_source)
-    total = drill_steps + short_steps + steps
-    optimizer, schedule = sft_optimizer(total)
+    check_batch = None if copy_gate is None else gate_batch(out / GATE_TRANSCRIPTS_FILE, copy_gate, token_source)
+    scheduled = drill_steps + short_steps + steps
+    rounds = (0, 0, 1.0) if copy_gate is None else (copy_gate.rounds, copy_gate.round_steps, copy_gate.peak_fraction)
+    optimizer, schedule = sft_optimizer(scheduled, restarts=rounds)
     mesh = make_mesh()
     abstract = abstract_train_state(model.params, optimizer)
     shardings = train_state_shardings(abstract, mesh)
@@ -145,34 +152,87 @@ def train_sft(out: str | Path, steps: int = 100, batch_size: int = 16, num_trans
     restored = _restore(manager, abstract, shardings, iterators)
     state = new_train_state(model.params, optimizer, shardings) if restored is None else restored
     start = int(state.step)
+    end = scheduled
+    if start > scheduled:
+        if copy_gate is None:
+            raise ValueError(f"{out} holds a checkpoint of step {start}, past the {scheduled} scheduled steps: it was "
+                             f"trained with a copy gate (train_sft.copy_gate); resume it with the same config")
+        end += -(-(start - scheduled) // copy_gate.round_steps) * copy_gate.round_steps
     if start:
-        say(f"SFT: resuming {out} after step {start} of {total}")
+        say(f"SFT: resuming {out} after step {start} of {end}")
     steps_for = {size: make_sft_step(model.config, optimizer, schedule, mesh, shardings, size, weights)
                  for size in {batch_size, drill_batch_size, short_batch_size}}
     pad_id = model.config.pad_token_id or 0
-    with MetricsWriter(out, resume_step=start) as writer, Progress(total, "SFT", initial=start) as progress:
-        for step in range(start, total):
-            phase = "drills" if step < drill_steps else "short" if step < drill_steps + short_steps else "transcripts"
-            if phase == "drills":
-                rows = drill_batch(step, drill_batch_size, token_source, data_seed, drill_snippets, drill_length,
-                                   drill_retries, drill_kinds)
-            else:
-                rows = next(iterators["short_transcripts" if phase == "short" else "transcripts"])
-            batch = make_batch(rows, pad_id, pad_multiple)
-            state, metrics = steps_for[len(rows)](state, batch)
-            values = {name: float(value) for name, value in jax.device_get(metrics).items()}
-            writer.write(step + 1, {"phase": phase, "seq_len": batch.shape[1], **values})
-            progress.advance(phase=phase, loss=values["loss"])
-            if stop_at_step is not None and step + 1 >= stop_at_step:
-                manager.wait_until_finished()
-                return None
-            if (step + 1) % save_every == 0 or step + 1 == total:
-                _save(manager, state, iterators)
+    phases = _Phases(drill_steps, short_steps, scheduled, copy_gate)
+    with MetricsWriter(out, resume_step=start) as writer, Progress(end, "SFT", initial=start) as progress:
+        step = start
+        while True:
+            for step in range(step, end):
+                phase = phases.of(step)
+                if phase == "drills":
+                    rows = drill_batch(step, drill_batch_size, token_source, data_seed, drill_snippets, drill_length,
+                                       drill_retries, drill_kinds)
+                else:
+                    rows = next(iterators["short_transcripts" if phase == "short" else "transcripts"])
+                batch = make_batch(rows, pad_id, pad_multiple)
+                state, metrics = steps_for[len(rows)](state, batch)
+                values = {name: float(value) for name, value in jax.device_get(metrics).items()}
+                writer.write(step + 1, {"phase": phase, "seq_len": batch.shape[1], **values})
+                progress.advance(phase=phase, loss=values["loss"])
+                if stop_at_step is not None and step + 1 >= stop_at_step:
+                    manager.wait_until_finished()
+                    return None
+                if (step + 1) % save_every == 0 or step + 1 == end:
+                    _save(manager, state, iterators)
+            step = end
+            if copy_gate is None or _copies_hold(writer, end, state.params, model.config, check_batch, copy_gate):
+                break
+            if end == scheduled + copy_gate.rounds * copy_gate.round_steps:
+                say(f"SFT: the copy gate still fails after {copy_gate.rounds} extra rounds; the model is kept as is")
+                break
+            say(f"SFT: another round of {copy_gate.short_steps} short and {copy_gate.steps} whole transcripts")
+            end += copy_gate.round_steps
+            progress.extend(copy_gate.round_steps)
         manager.wait_until_finished()
-        log = writer.entries
+        log = [entry for entry in writer.entries if "loss" in entry]
+        checks = [entry for entry in writer.entries if entry["phase"] == "copy_check"]
     save_model_folder(model.config, state.params, out / MODEL_DIR, tokenizer)
-    summary = {"steps": total, "drill_steps": drill_steps, "short_steps": short_steps, "resumed_from_step": start,
-               "num_transcripts": len(sequences), "total_seconds": time.monotonic() - started,
-               "first_loss": log[0]["loss"], "final_loss": log[-1]["loss"]}
+    summary = {"steps": end, "drill_steps": drill_steps, "short_steps": short_steps, "scheduled_steps": scheduled,
+               "extra_rounds": (end - scheduled) // max(rounds[1], 1), "copy_checks": checks,
+               "resumed_from_step": start, "num_transcripts": len(sequences),
+               "total_seconds": time.monotonic() - started, "first_loss": log[0]["loss"], "final_loss": log[-1]["loss"]}
     (out / SUMMARY_FILE).write_text(json.dumps(summary, indent=1) + "\n")
     return out / MODEL_DIR
+
+
+@dataclasses.dataclass(frozen=True)
+class _Phases:
+    """Which phase a step belongs to: the scheduled drills, short and whole transcripts, then the copy gate's
+    rounds (short then whole transcripts each)."""
+
+    drill_steps: int
+    short_steps: int
+    scheduled: int
+    gate: CopyGate | None
+
+    def of(self, step: int) -> str:
+        if step < self.drill_steps:
+            return "drills"
+        if step < self.drill_steps + self.short_steps:
+            return "short"
+        if step < self.scheduled:
+            return "transcripts"
+        return "short" if (step - self.scheduled) % self.gate.round_steps < self.gate.short_steps else "transcripts"
+
+
+def _copies_hold(writer: MetricsWriter, step: int, params: object, config: object, batch: tuple,
+                 gate: CopyGate) -> bool:
+    """The copy gate's verdict after `step`: read back from the metrics when a resumed run already checked there,
+    else measured now and recorded as a "copy_check" entry."""
+    recorded = [entry for entry in writer.entries if entry["step"] == step and entry["phase"] == "copy_check"]
+    figures = recorded[0] if recorded else writer.write(step, {"phase": "copy_check",
+                                                              **check_copies(params, config, batch, gate)})
+    say(f"SFT: copy gate after step {step}: 2- and 3-digit copies {figures['multi_digit']:.1%} right "
+        f"(needs {gate.min_multi_digit:.0%}), by digits "
+        + ", ".join(f"{count}: {value:.1%}" for count, value in figures["by_digits"].items()))
+    return figures["passed"]

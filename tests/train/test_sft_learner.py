@@ -96,6 +96,16 @@ def test_warmup_cosine_schedule_values() -> None:
         adamw_optimizer(100, 1e-3, warmup_fraction=1.5)
 
 
+def test_warm_restarts_leave_the_schedule_alone_then_warm_up_again_each_cycle() -> None:
+    _, plain = adamw_optimizer(100, learning_rate=1e-3, warmup_fraction=0.1, end_fraction=0.1)
+    _, restarted = adamw_optimizer(100, 1e-3, warmup_fraction=0.1, end_fraction=0.1, restarts=(2, 20, 0.5))
+    assert [float(restarted(step)) for step in range(100)] == [float(plain(step)) for step in range(100)]
+    for start in (100, 120):  # each cycle: 2 warm-up steps to 5e-4, then cosine to 5e-5 at its end
+        assert [float(restarted(start + step)) for step in (0, 1, 2, 11)] == pytest.approx(
+            [0.0, 2.5e-4, 5e-4, 5e-5 + 0.5 * 4.5e-4], rel=1e-5)
+    assert float(restarted(140)) == pytest.approx(5e-5)
+
+
 def test_constant_and_linear_schedules_and_the_rl_defaults() -> None:
     _, constant = rl_optimizer(100)  # SPEC 5: 1e-6 after 20 warm-up steps
     assert [float(constant(step)) for step in (0, 10, 20, 60, 99)] == pytest.approx([0, 5e-7, 1e-6, 1e-6, 1e-6])

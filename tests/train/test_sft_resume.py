@@ -62,3 +62,37 @@ def test_killed_run_resumes_to_bit_identical_params(tmp_path: Path, small_sft_co
     for name in uninterrupted:
         assert resumed[name].tobytes() == uninterrupted[name].tobytes(), name
     assert (whole / "model" / "tokenizer.json").is_file()
+
+
+def test_copy_gate_adds_rounds_on_a_restarted_rate_and_resumes_bit_exact(tmp_path: Path) -> None:
+    """A gate no untrained model passes: both extra rounds run (short then whole transcripts), each on a rate that
+    warms up again, every check is recorded, and a run killed inside a round resumes to the same weights."""
+    gate = ["train_sft.copy_gate = @CopyGate()", "CopyGate.min_multi_digit = 1.0", "CopyGate.transcripts = 4",
+            "CopyGate.rounds = 2", "CopyGate.short_steps = 1", "CopyGate.steps = 2", "CopyGate.peak_fraction = 0.5"]
+    parse_gin([TINY_MODEL_GIN, DEFAULT_GIN], SMALL_RUN + gate)
+    try:
+        whole, interrupted = tmp_path / "whole", tmp_path / "interrupted"
+        model_dir = train_sft(whole)
+        interrupted.mkdir()
+        for cached in ("transcripts.jsonl", "copy_gate_transcripts.jsonl"):
+            shutil.copyfile(whole / cached, interrupted / cached)
+        assert train_sft(interrupted, stop_at_step=10) is None  # inside the first round; last checkpoint: step 8
+        assert train_sft(interrupted) == interrupted / "model"
+    finally:
+        gin.clear_config()
+    summary = json.loads((whole / "summary.json").read_text())
+    assert (summary["scheduled_steps"], summary["steps"], summary["extra_rounds"]) == (8, 14, 2)
+    assert [check["step"] for check in summary["copy_checks"]] == [8, 11, 14]
+    assert not any(check["passed"] for check in summary["copy_checks"])
+    assert all(0.0 <= check["multi_digit"] < 1.0 for check in summary["copy_checks"])
+    log = [entry for entry in read_metrics(whole / "metrics.jsonl") if "loss" in entry]
+    assert [e["phase"] for e in log][8:] == ["short", "transcripts", "transcripts"] * 2
+    rates = [e["learning_rate"] for e in log]
+    assert rates[8] > rates[7] and rates[11] > rates[10]  # each round warms up again
+    assert max(rates[8:]) <= 0.5 * max(rates[:8]) + 1e-12
+    resumed_log = [entry for entry in read_metrics(interrupted / "metrics.jsonl") if "loss" in entry]
+    assert [e["loss"] for e in resumed_log] == [e["loss"] for e in log]
+    assert json.loads((interrupted / "summary.json").read_text())["copy_checks"] == summary["copy_checks"]
+    resumed, uninterrupted = (load_file(d / "model.safetensors") for d in (interrupted / "model", model_dir))
+    for name in uninterrupted:
+        assert resumed[name].tobytes() == uninterrupted[name].tobytes(), name
