@@ -52,14 +52,14 @@ def transcript_batches(sequences: Sequence[TrainingSequence], batch_size: int, s
 
 def drill_batch(step: int, batch_size: int, tokenizer: object, seed: int, snippets: int,
                 length: int | None = None, retries: float = 0.0,
-                kinds: Sequence[str] = KINDS) -> list[TrainingSequence]:
+                kinds: Sequence[str] = KINDS, repeats: float = 0.0) -> list[TrainingSequence]:
     """The copy drills of drill step `step`: drills step * batch_size ... + batch_size - 1 of `seed`, each of
     `snippets` whole pieces, or (with `length`) filled with pieces to exactly `length` predictions; a share `retries`
-    of the pieces are retries; questions of the synthetic `kinds`, each drawn as often as it is named
-    (`rstar_jax.data.copy_drills`)."""
+    of the pieces are retries and a share `repeats` number lists repeated; questions of the synthetic `kinds`, each
+    drawn as often as it is named (`rstar_jax.data.copy_drills`)."""
     indices = range(step * batch_size, (step + 1) * batch_size)
-    drills = [copy_drill_ids(index, tokenizer, seed, snippets, kinds, retries) if length is None
-              else filled_drill_ids(index, tokenizer, length, seed, kinds, retries) for index in indices]
+    drills = [copy_drill_ids(index, tokenizer, seed, snippets, kinds, retries, repeats) if length is None
+              else filled_drill_ids(index, tokenizer, length, seed, kinds, retries, repeats) for index in indices]
     return [TrainingSequence(ids, (1,) * len(ids)) for ids in drills]
 
 
@@ -108,15 +108,17 @@ def train_sft(out: str | Path, steps: int = 100, batch_size: int = 16, num_trans
               drill_snippets: int = 3, drill_length: int | None = None, drill_retries: float = 0.0,
               drill_kinds: Sequence[str] = KINDS, data_seed: int = 0, model_seed: int = 0, tokenizer: str = "tiny",
               save_every: int = 25, stop_at_step: int | None = None, pad_multiple: int | None = None,
-              number_loss_weight: float = 1.0, copy_gate: CopyGate | None = None) -> Path | None:
+              number_loss_weight: float = 1.0, copy_gate: CopyGate | None = None,
+              drill_repeats: float = 0.0) -> Path | None:
     """Run (or resume) the format SFT into `out`; returns the trained HF folder, or None when stopped early.
 
     `drill_steps` steps of `drill_batch_size` copy drills come first, then `short_steps` steps of `short_batch_size`
     transcripts without their system turn, then `steps` steps of `batch_size` whole transcripts (of
     `num_transcripts`, generated once against a sandbox server and cached in OUT/transcripts.jsonl).
     A drill row holds `drill_snippets` whole pieces, or with `drill_length` as many pieces as fill exactly that many
-    tokens (no padding); a share `drill_retries` of the pieces are retries (`rstar_jax.data.copy_drills`), and the
-    questions are of `drill_kinds` (a kind named twice is drawn twice as often).
+    tokens (no padding); a share `drill_retries` of the pieces are retries and a share `drill_repeats` lists of
+    numbers repeated (`rstar_jax.data.copy_drills`), and the questions are of `drill_kinds` (a kind named twice is
+    drawn twice as often).
     Rows are padded to a multiple of `pad_multiple` tokens (None: the next power of two; `bucket_length`).
     A trained target that is a number token (digits only) counts `number_loss_weight` times in the loss.
     With a `copy_gate`, the scheduled steps are followed by its check of held-out copies and, while that fails, by
@@ -171,7 +173,7 @@ def train_sft(out: str | Path, steps: int = 100, batch_size: int = 16, num_trans
                 phase = phases.of(step)
                 if phase == "drills":
                     rows = drill_batch(step, drill_batch_size, token_source, data_seed, drill_snippets, drill_length,
-                                       drill_retries, drill_kinds)
+                                       drill_retries, drill_kinds, drill_repeats)
                 else:
                     rows = next(iterators["short_transcripts" if phase == "short" else "transcripts"])
                 batch = make_batch(rows, pad_id, pad_multiple)
@@ -188,7 +190,8 @@ def train_sft(out: str | Path, steps: int = 100, batch_size: int = 16, num_trans
             if copy_gate is None or _copies_hold(writer, end, state.params, model.config, check_batch, copy_gate):
                 break
             if end == scheduled + copy_gate.rounds * copy_gate.round_steps:
-                say(f"SFT: the copy gate still fails after {copy_gate.rounds} extra rounds; the model is kept as is")
+                if copy_gate.rounds:
+                    say(f"SFT: the copies still fall short after {copy_gate.rounds} extra rounds; the model is kept")
                 break
             say(f"SFT: another round of {copy_gate.short_steps} short and {copy_gate.steps} whole transcripts")
             end += copy_gate.round_steps
@@ -233,6 +236,6 @@ def _copies_hold(writer: MetricsWriter, step: int, params: object, config: objec
     figures = recorded[0] if recorded else writer.write(step, {"phase": "copy_check",
                                                               **check_copies(params, config, batch, gate)})
     say(f"SFT: copy gate after step {step}: 2- and 3-digit copies {figures['multi_digit']:.1%} right "
-        f"(needs {gate.min_multi_digit:.0%}), by digits "
+        f"(gate {gate.min_multi_digit:.0%}), by digits "
         + ", ".join(f"{count}: {value:.1%}" for count, value in figures["by_digits"].items()))
     return figures["passed"]

@@ -88,5 +88,23 @@ def test_a_retry_copies_the_questions_numbers_into_the_fixed_call_after_the_real
     assert 30 <= retries <= 60  # about half of 90 pieces
     # The default drills hold no retry.
     assert "failed" not in copy_drill_text(0, seed=0, snippets=12)
-    with pytest.raises(ValueError, match="retry pieces"):
+    with pytest.raises(ValueError, match="retry and repeat pieces"):
         copy_drill_text(0, retries=1.0)
+
+
+def test_repeat_pieces_list_numbers_that_the_assistant_turn_copies_in_order():
+    repeats = others = 0
+    for index in range(30):
+        found = turns(copy_drill_text(index, seed=0, snippets=3, repeats=0.5))
+        for (_, user), (_, assistant) in zip(found[::2], found[1::2]):
+            numbers = re.fullmatch(r"\d+(?:(?: |, | \* )\d+)+", user)
+            if numbers is None:
+                others += 1
+                continue
+            repeats += 1
+            assert assistant == user and 4 <= len(re.findall(r"\d+", user)) <= 10
+            assert all(len(number) <= 3 for number in re.findall(r"\d+", user))
+    assert 30 <= repeats <= 60 and repeats + others == 90  # about half of 90 pieces
+    assert copy_drill_text(7, seed=0, snippets=3) == copy_drill_text(7, seed=0, snippets=3, repeats=0.0)
+    with pytest.raises(ValueError, match="sum below 1"):
+        copy_drill_text(0, retries=0.5, repeats=0.5)
