@@ -52,9 +52,9 @@ from rstar_jax.train.sft_run import train_sft
 DEMO_GIN = "demo/cpu_demo.gin"
 
 KNOBS = ("train_sft.drill_steps", "train_sft.short_steps", "train_sft.steps", "train_sft.number_loss_weight",
-         "RLSettings.prompts_per_step",
-         "RLSettings.group_size", "short/Stage.steps", "longer/Stage.steps", "rl_optimizer.learning_rate",
-         "make_selector.algorithm", "RocSelector.mode", "HeldOutEval.samples", "RolloutBackend.backend")
+         "train_sft.drill_repeats", "RLSettings.prompts_per_step", "RLSettings.group_size", "short/Stage.steps",
+         "longer/Stage.steps", "rl_optimizer.learning_rate", "make_selector.algorithm", "RocSelector.mode",
+         "HeldOutEval.samples", "RolloutBackend.backend")
 
 def seed_bindings(seed: int | None) -> list[str]:
     """Gin bindings that give every seeded part of the demo `seed` (none for None); evaluation keeps its own."""

@@ -10,8 +10,8 @@ of short then whole transcripts on a warm restart of the learning rate (`rstar_j
 times (0: measure only).
 
 Measured (BENCHMARKS.md, "Copying numbers"): two such rounds did not rescue a seed whose 3-digit copies had not
-formed (0.0% of them right before, 2.6% after), so the demo's config leaves the gate off; it is a knob for
-experiments (`train_sft.copy_gate = @CopyGate()`).
+formed (0.0% of them right before, 2.6% after), so the demo's config only measures (`CopyGate.rounds = 0`); what
+formed that copy was a change to the drills (`train_sft.drill_repeats`).
 """
 
 from __future__ import annotations

@@ -23,8 +23,9 @@ SMALL_RUN = [
     "ModelConfig.hidden_size = 64", "ModelConfig.intermediate_size = 128", "ModelConfig.num_layers = 2",
     "ModelConfig.num_heads = 2", "ModelConfig.num_kv_heads = 1",
     "train_sft.drill_steps = 1", "train_sft.drill_batch_size = 4", "train_sft.short_steps = 1",
-    "train_sft.short_batch_size = 4", "train_sft.steps = 6", "train_sft.batch_size = 4", "train_sft.num_transcripts = 8", "train_sft.save_every = 2",
-    "train_sft.pad_multiple = 256",
+    "train_sft.short_batch_size = 4", "train_sft.steps = 6", "train_sft.batch_size = 4",
+    "train_sft.num_transcripts = 8", "train_sft.save_every = 2", "train_sft.pad_multiple = 256",
+    "train_sft.copy_gate = None",
 ]
 
 
