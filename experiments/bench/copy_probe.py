@@ -47,7 +47,7 @@ from experiments.make_tiny_model import TINY_MODEL_GIN
 from experiments.sft import DEFAULT_GIN as SFT_GIN
 from rstar_jax.data.copy_drills import copy_drill_text
 from rstar_jax.data.synthetic import KINDS
-from rstar_jax.eval.copies import copy_accuracy, held_out_copies, shown
+from rstar_jax.train.copies import copy_accuracy, held_out_copies, shown
 from rstar_jax.gin_setup import parse_gin
 from rstar_jax.model import ModelConfig, init_params, load_hf
 from rstar_jax.parallel import make_mesh

@@ -4,7 +4,7 @@
 Whether the tiny demo model learns to copy a question's numbers into its program and an output into its answer is a
 transition whose outcome depends on the seed: on the same schedule some seeds end past it and others short of it,
 and RL from a model that miscopies has little to build on. After the scheduled steps the gate measures
-teacher-forced copy accuracy on held-out transcripts (`rstar_jax.eval.copies`) and records it in the SFT's metrics
+teacher-forced copy accuracy on held-out transcripts (`rstar_jax.train.copies`) and records it in the SFT's metrics
 and summary; while the copies of 2- and 3-digit numbers fall short of `min_multi_digit`, the SFT runs another round
 of short then whole transcripts on a warm restart of the learning rate (`rstar_jax.train.optim`), at most `rounds`
 times (0: measure only).
@@ -22,7 +22,7 @@ from typing import Any
 
 import gin
 
-from rstar_jax.eval.copies import copy_accuracy, held_out_copies
+from rstar_jax.train.copies import copy_accuracy, held_out_copies
 from rstar_jax.model import ModelConfig
 from rstar_jax.train.sft_data import cached_sft_sequences
 

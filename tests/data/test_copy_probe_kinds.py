@@ -3,7 +3,7 @@ of which kind; the BENCHMARKS figures by kind rest on it."""
 
 from __future__ import annotations
 
-from rstar_jax.eval.copies import copied_positions, held_out_copies
+from rstar_jax.train.copies import copied_positions, held_out_copies
 from rstar_jax.data.copy_drills import copy_drill_text
 from rstar_jax.tokenizers import load_tokenizer
 

@@ -3,7 +3,7 @@
 The tiny demo model learns the agent format long before it learns to copy numbers (a question's numbers into its
 program, a program's output into its answer), and a wrong copy loses the whole trajectory (SPEC section 5's format
 SFT, issue 24). These functions find the copied number tokens of chat-layout texts and score a model's argmax and
-probability on them; the format SFT's copy gate (`rstar_jax.train.sft_run`) and the copy probe
+probability on them; the format SFT's copy gate (`rstar_jax.train.copy_gate`) and the copy probe
 (`experiments/bench/copy_probe.py`) both use them.
 """
 
