@@ -12,10 +12,11 @@
    the problems (and that change's standard error), and the tool-error ratio among correct trajectories (SPEC 4's
    Figure 4 measure). Last, the run's figures beside the range seed runs measured
    (experiments/reports/demo_seeds/range.json, from `experiments.demo_seeds`) and what a figure outside it suggests.
-Writes OUT/demo_summary.json (with avg@k per problem kind, the paired changes and the lines against the range),
-OUT/heldout_{after_sft,after_rl}_{sampled,greedy}.jsonl (one record per held-out problem: its samples' verdicts,
-answers, lengths, tool calls and errors), OUT/demo.log, OUT/operative_config.gin, OUT/bound_config.gin, OUT/sft/ and
-OUT/rl/ (metrics.jsonl, tensorboard/, plots/, checkpoints/, model/). An interrupted demo run again with the same OUT resumes.
+Writes OUT/demo_summary.json (with avg@k per problem kind, the SFT's copy check, the paired changes and the lines
+against the range), OUT/heldout_{after_sft,after_rl}_{sampled,greedy}.jsonl (one record per held-out problem: its
+samples' verdicts, answers, lengths, tool calls and errors), OUT/demo.log, OUT/operative_config.gin,
+OUT/bound_config.gin, OUT/sft/ and OUT/rl/ (metrics.jsonl, tensorboard/, plots/, checkpoints/, model/). An interrupted
+demo run again with the same OUT resumes.
 
 """
 
@@ -36,7 +37,7 @@ from rstar_jax.eval.heldout import HeldOutEval
 from rstar_jax.eval.benchmark_report import problem_records_jsonl
 from rstar_jax.eval.report import (accuracy_by_kind, change_text, comparison_table, example_text, kind_table,
                                    paired_changes)
-from rstar_jax.eval.seed_range import SEED_PARAMETERS, config_fingerprint
+from rstar_jax.eval.seed_range import SEED_PARAMETERS, config_fingerprint, sft_copies
 from rstar_jax.gin_setup import knob_help, parse_gin, write_bound_config, write_operative_config
 from rstar_jax.model import load_hf
 from rstar_jax.model.folder import save_model_folder
@@ -47,7 +48,7 @@ from rstar_jax.train.metrics import read_metrics
 from rstar_jax.train.plots import plot_metrics
 from rstar_jax.train.rl_setup import rl_setup
 from rstar_jax.train.rl_trainer import RLTrainer
-from rstar_jax.train.sft_run import train_sft
+from rstar_jax.train.sft_run import SUMMARY_FILE as SFT_SUMMARY, train_sft
 
 DEMO_GIN = "demo/cpu_demo.gin"
 
@@ -107,6 +108,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
                       for when, by_mode in results.items()},
                    "accuracy_by_kind": by_kind,
                    "paired_change": {mode: dataclasses.asdict(change) for mode, change in changes.items()},
+                   "sft_copies": sft_copies(json.loads((out / "sft" / SFT_SUMMARY).read_text())),
                    "seed": args.seed, "total_seconds": time.monotonic() - started,
                    "phase_seconds": {"sft": sft_time["seconds"], "eval_before": before_time["seconds"],
                                      "rl": rl_time["seconds"], "eval_after": after_time["seconds"]}}

@@ -170,9 +170,13 @@ class AssistantTurn:
         return {"role": "assistant", "content": self.content, "tool_calls": [call]}
 
 
-def final_turn_text(value: str) -> str:
-    """The last assistant turn of a transcript: what the program printed, boxed inside the answer tags."""
-    return f"<reason>The program printed {value}.</reason>\n<answer>\\boxed{{{value}}}</answer>"
+@gin.configurable
+def final_turn_text(value: str, restated: bool = True) -> str:
+    """The last assistant turn of a transcript (SPEC section 5's format): what the program printed, boxed inside the
+    answer tags; `restated` also writes it once in the reason before. Each copy of a number is a chance for the
+    tiny demo model to miscopy it, and a restated 5-digit product is copied twice (issue 24)."""
+    reason = f"The program printed {value}." if restated else "The program printed the answer."
+    return f"<reason>{reason}</reason>\n<answer>\\boxed{{{value}}}</answer>"
 
 
 def assistant_turns(plan: SolutionPlan, outcomes: Sequence[ToolOutcome]) -> list[AssistantTurn]:

@@ -56,6 +56,7 @@ FIGURES = (
     Figure("sft_greedy", "SFT start, greedy", ("after_sft", "greedy", "accuracy"), SHARE),
     Figure("rl_greedy", "after RL, greedy", ("after_rl", "greedy", "accuracy"), SHARE),
     Figure("change_greedy", "paired change, greedy", ("paired_change", "greedy", "mean"), POINTS),
+    Figure("sft_copies_3", "SFT, 3-digit copies right (teacher-forced)", ("sft_copies", "by_digits", "3"), SHARE),
     Figure("sft_pass", "SFT start, pass@k", ("after_sft", "sampled", "pass_at_k"), SHARE),
     Figure("rl_pass", "after RL, pass@k", ("after_rl", "sampled", "pass_at_k"), SHARE),
     Figure("sft_failed_correct", "SFT start, failed calls in correct trajectories",
@@ -100,9 +101,13 @@ RULES: tuple[tuple[Callable[[Reading], bool], str], ...] = (
     (lambda run: not run.same_config,
      "your config differs from the one the range was measured with (another fingerprint): the range is only a "
      "rough guide"),
-    (lambda run: run.side("sft_t1") == "below",
-     "SFT start below the range: a weak SFT draw (the model did not learn to copy numbers; accuracy_by_kind in "
-     "demo_summary.json shows which kinds it lost) or a changed config"),
+    (lambda run: run.side("sft_t1") == "below" and run.side("sft_copies_3") == "below",
+     "SFT start and 3-digit copies below the range: a weak SFT draw (the model did not learn to copy numbers, "
+     "which products and modular powers need; accuracy_by_kind in demo_summary.json shows which kinds it lost) or a "
+     "changed config"),
+    (lambda run: run.side("sft_t1") == "below" and run.side("sft_copies_3") != "below",
+     "SFT start below the range: a weak SFT draw (accuracy_by_kind in demo_summary.json shows which kinds it lost) "
+     "or a changed config"),
     (lambda run: max(run.values.get("sft_failed_all", 0.0), run.values.get("rl_failed_all", 0.0))
      >= BROKEN_SANDBOX_RATIO,
      f"at least {100 * BROKEN_SANDBOX_RATIO:.0f}% of the tool calls failed: a broken sandbox (the calls get no "
@@ -120,6 +125,13 @@ def config_fingerprint(bound_config: str) -> str:
     bindings: equal for every seed of one configuration, different when any other binding differs."""
     kept = [line for line in bound_config.splitlines() if line.split("=", 1)[0].strip() not in SEED_PARAMETERS]
     return hashlib.sha256("\n".join(kept).encode()).hexdigest()[:16]
+
+
+def sft_copies(sft_summary: Mapping[str, Any]) -> dict[str, Any]:
+    """The figures of the last copy check a format SFT made (its summary.json's "copy_checks":
+    `rstar_jax.train.copy_gate`): copy accuracy, multi-digit share, by digits and by kind; {} without a check."""
+    checks = sft_summary.get("copy_checks") or []
+    return {key: checks[-1][key] for key in ("copy_accuracy", "multi_digit", "by_digits", "by_kind")} if checks else {}
 
 
 def figure_values(summary: Mapping[str, Any]) -> dict[str, float]:
@@ -192,7 +204,7 @@ def _number(value: float, unit: Unit) -> str:
 TABLE_COLUMNS = (
     ("SFT start, T=1", ("sft_t1",)), ("after RL, T=1", ("rl_t1",)),
     ("paired change, T=1 (± standard error)", ("change_t1",)), ("pass@k", ("sft_pass", "rl_pass")),
-    ("greedy", ("sft_greedy", "rl_greedy")),
+    ("greedy", ("sft_greedy", "rl_greedy")), ("3-digit copies after SFT", ("sft_copies_3",)),
     ("failed calls in correct trajectories", ("sft_failed_correct", "rl_failed_correct")),
     ("response length after RL", ("rl_length",)), ("time: SFT", ("seconds_sft",)),
     ("evaluation before", ("seconds_eval_before",)), ("RL", ("seconds_rl",)),

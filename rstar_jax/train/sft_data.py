@@ -23,7 +23,7 @@ from rstar_jax.agent.prompt import prompt_token_ids
 from rstar_jax.agent.tool_protocol import FixedOutcome
 from rstar_jax.agent.tool_response import format_tool_response
 from rstar_jax.data.synthetic import synthetic_tasks
-from rstar_jax.data.synthetic_sft import SftTranscript, sft_transcripts
+from rstar_jax.data.synthetic_sft import SftTranscript, final_turn_text, sft_transcripts
 from rstar_jax.files import atomic_path
 from rstar_jax.processes import running_sandbox
 from sandbox_server.client import SandboxClient
@@ -68,8 +68,9 @@ def configured_faults() -> tuple[float, tuple[str, ...]]:
 def cache_key(count: int, seed: int, tokenizer: PreTrainedTokenizerBase, faulty_fraction: float,
               fault_kinds: Sequence[str]) -> dict[str, Any]:
     """What decides a transcript set's ids: count, seed, the training split, the share and kinds of faulty first
-    calls, the prompt rendering (system prompt, tokenizer) and the tool-response layout."""
-    probe = prompt_token_ids(tokenizer, "What is 1 + 1?") + tokenizer.encode(format_tool_response(_PROBE_OUTCOME))
+    calls, the prompt rendering (system prompt, tokenizer), the tool-response layout and the final turn's wording."""
+    probe = (prompt_token_ids(tokenizer, "What is 1 + 1?") + tokenizer.encode(format_tool_response(_PROBE_OUTCOME))
+             + tokenizer.encode(final_turn_text("2")))
     return {"count": count, "seed": seed, "split": "train", "faulty_fraction": faulty_fraction,
             "fault_kinds": sorted(fault_kinds),
             "prompt_sha256": hashlib.sha256(json.dumps(probe).encode()).hexdigest()}

@@ -7,10 +7,10 @@ import pytest
 
 from demo_summaries import CONFIG, summary
 from rstar_jax.eval.seed_range import (FIGURES, build_range, compare_with_range, config_fingerprint, figure_values,
-                                       seeds_table)
+                                       seeds_table, sft_copies)
 
-RUNS = [summary(0, sft=0.214, rl=0.484, total=700.0), summary(1, sft=0.328, rl=0.479, total=760.0),
-        summary(2, sft=0.30, rl=0.42, total=820.0)]
+RUNS = [summary(0, sft=0.214, rl=0.484, total=700.0, copies=0.7), summary(1, sft=0.328, rl=0.479, total=760.0),
+        summary(2, sft=0.30, rl=0.42, total=820.0, copies=0.9)]
 FINGERPRINT = config_fingerprint(CONFIG.format(seed=0))
 RANGE = build_range(RUNS, [FINGERPRINT] * 3)
 
@@ -55,11 +55,25 @@ def test_a_run_inside_the_range_reads_figure_by_figure_with_nothing_to_explain()
     assert len(lines) == len(FIGURES) and rule_lines(lines) == []
 
 
-def test_a_weak_sft_start_is_marked_and_explained():
-    lines = compare_with_range(summary(5, sft=0.073, rl=0.073, total=750.0), FINGERPRINT, RANGE)
+def test_a_weak_sft_start_is_marked_and_explained_by_its_copies():
+    lines = compare_with_range(summary(5, sft=0.073, rl=0.073, total=750.0, copies=0.1), FINGERPRINT, RANGE)
     assert lines[0] == "SFT start, T=1: 7.3%   (3 seeds: 21.4-32.8%)   below the range"
+    assert "SFT, 3-digit copies right (teacher-forced): 10.0%   (3 seeds: 70.0-90.0%)   below the range" in lines
     (rule,) = rule_lines(lines)  # the gain is below the range too, but from a weak start: not RL's fault
-    assert "weak SFT draw" in rule and "copy numbers" in rule and "changed config" in rule
+    assert "weak SFT draw" in rule and "did not learn to copy numbers" in rule and "changed config" in rule
+    # The same start with copies inside the range: still a weak draw, but not of the copy.
+    (rule,) = rule_lines(compare_with_range(summary(5, sft=0.073, rl=0.073, total=750.0), FINGERPRINT, RANGE))
+    assert "weak SFT draw" in rule and "copy" not in rule
+
+
+def test_the_copy_figures_are_the_last_check_the_sft_made():
+    first = {"step": 680, "phase": "copy_check", "passed": False, "copy_accuracy": 0.5, "multi_digit": 0.4,
+             "by_digits": {"3": 0.3}, "by_kind": {"answer": 0.6}}
+    last = {**first, "step": 770, "passed": True, "multi_digit": 0.9, "by_digits": {"3": 0.88}}
+    assert sft_copies({"copy_checks": [first, last]}) == {"copy_accuracy": 0.5, "multi_digit": 0.9,
+                                                          "by_digits": {"3": 0.88}, "by_kind": {"answer": 0.6}}
+    assert sft_copies({"copy_checks": []}) == {} and sft_copies({"steps": 680}) == {}
+    assert figure_values({**summary(5), "sft_copies": {}}).keys() == figure_values(summary(5)).keys() - {"sft_copies_3"}
 
 
 def test_a_gain_below_the_range_from_a_normal_start_points_at_rl():

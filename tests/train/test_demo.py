@@ -22,8 +22,8 @@ SHRUNKEN = [
     "ModelConfig.hidden_size = 64", "ModelConfig.intermediate_size = 128", "ModelConfig.num_layers = 2",
     "ModelConfig.num_heads = 2", "ModelConfig.num_kv_heads = 1",
     "train_sft.drill_steps = 2", "train_sft.short_steps = 100", "train_sft.steps = 3", "train_sft.num_transcripts = 8",
-    "train_sft.batch_size = 4", "train_sft.number_loss_weight = 1.0", "train_sft.copy_gate = None",
-    "train_sft.drill_repeats = 0.0",
+    "train_sft.batch_size = 4", "train_sft.number_loss_weight = 1.0", "CopyGate.rounds = 0",
+    "train_sft.drill_repeats = 0.0", "final_turn_text.restated = True",
     "RLSettings.stages = [@short/Stage()]", "short/Stage.steps = 1", "RLSettings.prompts_per_step = 2",
     # RL on the one problem the shrunken SFT solves in some samples: the first of its 8 transcripts (synthetic tasks
     # of the data seed, --seed 3 below), whose 'short' phase it has memorised. Mixed rewards, so the step updates.
@@ -57,6 +57,11 @@ def test_the_demo_runs_every_phase_and_reports_the_comparison(tmp_path: Path) ->
         assert change["mean"] == pytest.approx(summary["after_rl"][mode]["accuracy"]
                                                - summary["after_sft"][mode]["accuracy"])
     assert "T=1 accuracy change:" in result.stdout and "greedy accuracy change:" in result.stdout
+    # The SFT's copy check (measured only: no extra rounds) is in the summary, as the SFT recorded it.
+    (check,) = json.loads((out / "sft" / "summary.json").read_text())["copy_checks"]
+    copies = summary["sft_copies"]
+    assert copies["by_digits"] == check["by_digits"] and copies["copy_accuracy"] == check["copy_accuracy"]
+    assert set(copies["by_digits"]) <= {"1", "2", "3"} and all(0 <= v <= 1 for v in copies["by_digits"].values())
     # Read against the committed seed range (its figures; another config than the shrunken one's), or told it is
     # missing and how to make it.
     against = summary["against_seed_range"]
