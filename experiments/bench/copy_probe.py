@@ -47,12 +47,12 @@ from experiments.make_tiny_model import TINY_MODEL_GIN
 from experiments.sft import DEFAULT_GIN as SFT_GIN
 from rstar_jax.data.copy_drills import copy_drill_text
 from rstar_jax.data.synthetic import KINDS
-from rstar_jax.train.copies import copy_accuracy, held_out_copies, shown
 from rstar_jax.gin_setup import parse_gin
 from rstar_jax.model import ModelConfig, init_params, load_hf
 from rstar_jax.parallel import make_mesh
 from rstar_jax.tokenizers import load_tokenizer
 from rstar_jax.train.batching import make_batch
+from rstar_jax.train.copies import copy_accuracy, held_out_copies, shown
 from rstar_jax.train.optim import adamw_optimizer, sft_optimizer
 from rstar_jax.train.sft import make_sft_step
 from rstar_jax.train.sft_data import TrainingSequence, cached_sft_sequences
