@@ -1,13 +1,13 @@
 """Where a demo SFT model's products go wrong at T=1 (issue 24: products of a 3- and a 2-digit number stay near 0%
 at T=1 while the other kinds of the demo's tasks are solved).
 
-    python -m experiments.bench.product_failures --model runs/demo/sft/model [--problems 24] [--samples 4] [--json PATH]
+    python -m experiments.bench.product_failures --model runs/demo/sft/model [--samples 4] [--json PATH]
 
 Two measurements of one model:
 1. Sampled: products of the held-out split (which no SFT transcript or RL stage draws from) solved `--samples` times
-   each at T=1 through the agent loop, with a real sandbox server and the demo evaluation's turn and token limits. Each trajectory is sorted by the first
-   thing in it that went wrong (`first_failure`). A product needs both factors copied from the question into the
-   program, then the program's output copied into the answer.
+   each at T=1 through the agent loop, with a real sandbox server and the demo evaluation's turn and token limits.
+   Each trajectory is sorted by the first thing in it that went wrong (`first_failure`). A product needs both
+   factors copied from the question into the program, then the program's output copied into the answer.
 2. Teacher-forced: for each question, a right first turn (the SFT transcripts' own wording) after the prompt, and the
    probability the model gives each factor's tokens in the program. That is the chance that a sample at T=1 copies
    the factor, and it separates a copy the model makes from one it misses.
