@@ -142,6 +142,30 @@ def copy_drill_ids(index: int, tokenizer: PreTrainedTokenizerBase, seed: int = 0
                                   add_special_tokens=False))
 
 
+def assistant_mask(ids: Sequence[int], tokenizer: PreTrainedTokenizerBase) -> tuple[int, ...]:
+    """1 on the tokens the assistant turns of a chat-layout row write (their text and closing `<|im_end|>`), 0 on
+    everything else: user and tool turns, chat markers and role lines. A drill's questions, tool outputs and listed
+    numbers are random, so a loss on them trains the model to predict noise; SFT transcripts train only the model's
+    own turns (SPEC section 5). The row must start at a turn (as drills do); one cut inside a turn is masked to its
+    end."""
+    start_id, end_id = tokenizer.convert_tokens_to_ids(IM_START), tokenizer.convert_tokens_to_ids(IM_END)
+    header = tokenizer.encode("assistant\n", add_special_tokens=False)
+    mask, inside, skip = [], False, 0
+    for position, token in enumerate(ids):
+        if skip:
+            mask.append(0)
+            skip -= 1
+        elif token == start_id:
+            mask.append(0)
+            inside = list(ids[position + 1:position + 1 + len(header)]) == header
+            skip = len(header) if inside else 0
+        else:
+            mask.append(1 if inside else 0)
+            if token == end_id:
+                inside = False
+    return tuple(mask)
+
+
 def filled_drill_ids(index: int, tokenizer: PreTrainedTokenizerBase, length: int, seed: int = 0,
                      kinds: Sequence[str] = KINDS, retries: float = 0.0, repeats: float = 0.0) -> tuple[int, ...]:
     """Drill `index`'s pieces, as many as it takes, cut to exactly `length` + 1 tokens: a training row of `length`

@@ -5,7 +5,7 @@ import re
 import pytest
 
 from rstar_jax.agent.tool_call import ToolCall, parse_tool_calls
-from rstar_jax.data.copy_drills import copy_drill_ids, copy_drill_text, filled_drill_ids
+from rstar_jax.data.copy_drills import assistant_mask, copy_drill_ids, copy_drill_text, filled_drill_ids
 from rstar_jax.data.synthetic_sft import INTROS
 from rstar_jax.tokenizers import load_tokenizer
 from rstar_jax.tokenizers.special_tokens import IM_END, IM_START
@@ -108,3 +108,20 @@ def test_repeat_pieces_list_numbers_that_the_assistant_turn_copies_in_order():
     assert copy_drill_text(7, seed=0, snippets=3) == copy_drill_text(7, seed=0, snippets=3, repeats=0.0)
     with pytest.raises(ValueError, match="sum below 1"):
         copy_drill_text(0, retries=0.5, repeats=0.5)
+
+
+def test_the_assistant_mask_trains_exactly_the_assistant_turns_of_a_row():
+    tokenizer = load_tokenizer("tiny")
+    for index in range(6):
+        text = copy_drill_text(index, seed=0, snippets=3, repeats=0.3)
+        ids = copy_drill_ids(index, tokenizer, seed=0, snippets=3, repeats=0.3)
+        mask = assistant_mask(ids, tokenizer)
+        assert len(mask) == len(ids)
+        trained = tokenizer.decode([token for token, kept in zip(ids, mask) if kept])
+        assert trained == "".join(content + IM_END for role, content in turns(text) if role == "assistant")
+    # A filled row cut inside an assistant turn keeps training that turn's tokens up to the cut.
+    ids = filled_drill_ids(3, tokenizer, 192, seed=0, repeats=0.15)
+    mask = assistant_mask(ids, tokenizer)
+    last_header = max(i for i, token in enumerate(ids) if token == tokenizer.convert_tokens_to_ids(IM_START))
+    assert 0 < sum(mask) < len(ids) and mask[-1] == int(tokenizer.decode(ids[last_header:]).startswith(
+        f"{IM_START}assistant\n"))

@@ -1,9 +1,11 @@
 """The SFT's drill batches (rstar_jax.train.sft_run.drill_batch): snippet drills pad to their longest row, filled
-drills are exactly `length` predictions each, every token trained; number tokens weighted in the loss."""
+drills are exactly `length` predictions each, every token trained (or the assistant turns' only); number tokens
+weighted in the loss."""
 
 import numpy as np
 import pytest
 
+from rstar_jax.data.copy_drills import assistant_mask
 from rstar_jax.data.synthetic import KINDS
 from rstar_jax.tokenizers import load_tokenizer
 from rstar_jax.train.batching import make_batch
@@ -15,6 +17,11 @@ def test_filled_drills_make_an_unpadded_batch_of_the_asked_length():
     batch = make_batch(drill_batch(3, 4, tokenizer, seed=0, snippets=3, length=256), pad_id=0)
     assert batch.shape == (4, 256)
     assert np.all(np.asarray(batch.attention_mask) == 1) and np.all(np.asarray(batch.loss_mask) == 1)
+    # Trained on the assistant turns only, the same rows keep every input and lose the other turns' targets.
+    rows = drill_batch(3, 4, tokenizer, seed=0, snippets=3, length=256, assistant_only=True)
+    assert [row.token_ids for row in rows] == [row.token_ids for row in drill_batch(3, 4, tokenizer, 0, 3, 256)]
+    assert [row.loss_mask for row in rows] == [assistant_mask(row.token_ids, tokenizer) for row in rows]
+    assert 0.3 < np.mean(np.asarray(make_batch(rows, pad_id=0).loss_mask)) < 0.7
 
 
 def test_snippet_drills_are_the_steps_own_drills_padded_to_the_longest():
