@@ -8,9 +8,10 @@ Two measurements of one model:
    each at T=1 through the agent loop, with a real sandbox server and the demo evaluation's turn and token limits.
    Each trajectory is sorted by the first thing in it that went wrong (`first_failure`). A product needs both
    factors copied from the question into the program, then the program's output copied into the answer.
-2. Teacher-forced: for each question, a right first turn (the SFT transcripts' own wording) after the prompt, and the
-   probability the model gives each factor's tokens in the program. That is the chance that a sample at T=1 copies
-   the factor, and it separates a copy the model makes from one it misses.
+2. Teacher-forced: for each question, a right first turn after the prompt, once with each of the reasons the SFT
+   transcripts open it with (`INTROS`), and the probability the model gives each factor's tokens in the program:
+   the chance that a sample at T=1 which wrote that opening copies the factor. It separates a copy the model makes
+   from one it misses, and shows whether the copy depends on the opening before it.
 
 The prompt and the transcripts' wording come from gin/sft/tiny_format.gin, as in the demo (`--gin_param` adds
 bindings, for a model trained with other ones).
@@ -47,6 +48,7 @@ from sandbox_server.client import SandboxClient
 QUESTION = re.compile(r"Compute (\d+) \* (\d+)\.")
 PROGRAM = re.compile(r"result = (\d+) \* (\d+)")
 BOXED = re.compile(r"\\boxed\{")
+EXAMPLES = 3  # model texts kept per kind of failure
 FAILURES = ("right", "no program", "first factor miscopied", "second factor miscopied", "both factors miscopied",
             "right program, no output", "output, no answer", "output miscopied into the answer")
 
@@ -79,11 +81,11 @@ def first_failure(question: str, model_text: str, tool_text: str, correct: bool)
     return "output miscopied into the answer" if BOXED.search(model_text) else "output, no answer"
 
 
-def factor_probabilities(model: Any, tokenizer: Any, task: SyntheticTask) -> tuple[float, float]:
+def factor_probabilities(model: Any, tokenizer: Any, task: SyntheticTask, intro: str) -> tuple[float, float]:
     """Teacher-forced probability of each factor's tokens (their product over the factor's chunks) in a right first
-    turn after the question's prompt."""
+    turn opening with the reason `intro` after the question's prompt."""
     prompt = prompt_token_ids(tokenizer, task.problem.question)
-    turn = f"<reason>{INTROS[0]}</reason>\n{tool_call_text(ToolCall(task.solution_code))}"
+    turn = f"<reason>{intro}</reason>\n{tool_call_text(ToolCall(task.solution_code))}"
     encoded = tokenizer(turn, add_special_tokens=False, return_offsets_mapping=True)
     ids = prompt + list(encoded["input_ids"])
     tokens = jnp.asarray([ids])
@@ -118,25 +120,32 @@ def measure(model_dir: str, problems: int, samples: int, seed: int = 7, max_turn
             result = asyncio.run(sampled(server.url, verifier))
     finally:
         engine.close()
-    sorted_failures = []
+    sorted_failures, examples = [], {}
     for index, (sample, correct) in enumerate(zip(result.samples, result.correct)):
         trajectory = sample.trajectory
         start = trajectory.loss_mask.index(1)
         model_ids = [t for t, m in zip(trajectory.token_ids, trajectory.loss_mask) if m]
         tool_ids = [t for t, m in zip(trajectory.token_ids[start:], trajectory.loss_mask[start:]) if not m]
-        sorted_failures.append(first_failure(tasks[index // samples].problem.question, tokenizer.decode(model_ids),
-                                             tokenizer.decode(tool_ids), correct))
+        question, model_text = tasks[index // samples].problem.question, tokenizer.decode(model_ids)
+        sorted_failures.append(first_failure(question, model_text, tokenizer.decode(tool_ids), correct))
+        examples.setdefault(sorted_failures[-1], []).append(f"{question}\n{model_text}")
     model = load_hf(model_dir)
-    teacher_forced = [factor_probabilities(model, tokenizer, task) for task in tasks]
-    first, second = (np.array(values) for values in zip(*teacher_forced))
     counts = Counter(sorted_failures)
     return {"model": model_dir, "problems": problems, "samples": samples, "accuracy": result.summary["accuracy"],
             "first_failures": {name: counts.get(name, 0) for name in FAILURES},
-            "teacher_forced": {"first_factor": float(first.mean()), "second_factor": float(second.mean()),
-                               "both": float((first * second).mean()),
-                               "per_question": [{"question": task.problem.question, "first": round(a, 3),
-                                                 "second": round(b, 3)}
-                                                for task, (a, b) in zip(tasks, teacher_forced)]}}
+            "examples": {name: texts[:EXAMPLES] for name, texts in examples.items()},
+            "teacher_forced": [teacher_forced(model, tokenizer, tasks, intro) for intro in INTROS]}
+
+
+def teacher_forced(model: Any, tokenizer: Any, tasks: Sequence[SyntheticTask], intro: str) -> dict[str, Any]:
+    """`factor_probabilities` of every task after `intro`: their means (first, second, both factors) and each
+    question's."""
+    pairs = [factor_probabilities(model, tokenizer, task, intro) for task in tasks]
+    first, second = (np.array(values) for values in zip(*pairs))
+    return {"intro": intro, "first_factor": float(first.mean()), "second_factor": float(second.mean()),
+            "both": float((first * second).mean()),
+            "per_question": [{"question": task.problem.question, "first": round(a, 3), "second": round(b, 3)}
+                             for task, (a, b) in zip(tasks, pairs)]}
 
 
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
@@ -155,9 +164,10 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
           f"{100 * figures['accuracy']:.1f}% right")
     for name, count in figures["first_failures"].items():
         print(f"  {name}: {count} of {total}")
-    forced = figures["teacher_forced"]
-    print(f"teacher-forced probability of the right factor: first {forced['first_factor']:.2f}, second "
-          f"{forced['second_factor']:.2f}, both {forced['both']:.2f}")
+    print("teacher-forced probability of the right factor after each opening of the first turn:")
+    for forced in figures["teacher_forced"]:
+        print(f"  first {forced['first_factor']:.2f}, second {forced['second_factor']:.2f}, both "
+              f"{forced['both']:.2f}: {forced['intro']!r}")
     if args.json_path:
         with open(args.json_path, "w") as handle:
             json.dump(figures, handle, indent=1)
