@@ -29,11 +29,10 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from rstar_jax.console import say
-from rstar_jax.eval.seed_range import build_range, compare_with_range, config_fingerprint, seeds_table, sft_copies
+from rstar_jax.eval.seed_range import build_range, compare_with_range, config_fingerprint, seeds_table
 from rstar_jax.files import atomic_write_text
 from rstar_jax.paths import REPO_ROOT
 from rstar_jax.processes import pinned_command, start_logged
-from rstar_jax.train.sft_run import SUMMARY_FILE as SFT_SUMMARY
 
 RANGE_FILE = REPO_ROOT / "experiments" / "reports" / "demo_seeds" / "range.json"
 TABLE_FILE = "table.md"  # beside the range file
@@ -94,14 +93,10 @@ def run_seeds(seeds: Sequence[int], out: str | Path, gin_params: Sequence[str], 
 
 
 def load_runs(out: str | Path, seeds: Sequence[int]) -> tuple[list[dict[str, Any]], list[str]]:
-    """Each seed's demo summary and config fingerprint (of the bound config its demo wrote). A summary written
-    before demos recorded the SFT's copy check gets it from the run's own SFT summary."""
+    """Each seed's demo summary and config fingerprint (of the bound config its demo wrote)."""
     folders = [seed_dir(out, seed) for seed in seeds]
-    summaries = [json.loads((folder / SUMMARY_FILE).read_text()) for folder in folders]
-    for folder, summary in zip(folders, summaries):
-        if "sft_copies" not in summary and (folder / "sft" / SFT_SUMMARY).is_file():
-            summary["sft_copies"] = sft_copies(json.loads((folder / "sft" / SFT_SUMMARY).read_text()))
-    return summaries, [config_fingerprint((folder / CONFIG_FILE).read_text()) for folder in folders]
+    return ([json.loads((folder / SUMMARY_FILE).read_text()) for folder in folders],
+            [config_fingerprint((folder / CONFIG_FILE).read_text()) for folder in folders])
 
 
 def against_seed_range(summary: Mapping[str, Any], fingerprint: str, path: Path = RANGE_FILE) -> list[str]:

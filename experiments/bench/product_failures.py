@@ -42,6 +42,7 @@ from rstar_jax.model import forward, load_hf, positions_from_mask
 from rstar_jax.processes import running_sandbox
 from rstar_jax.reward.pool import VerifierPool
 from rstar_jax.rollout.jax_engine import JaxEngine
+from rstar_jax.rollout.verified import response_texts
 from rstar_jax.tokenizers import load_tokenizer
 from sandbox_server.client import SandboxClient
 
@@ -106,8 +107,8 @@ def measure(model_dir: str, problems: int, samples: int, seed: int = 7, max_turn
             max_response_tokens: int = 512) -> dict[str, Any]:
     """Both measurements of the model in `model_dir` on `problems` held-out products (gin must be parsed)."""
     tasks = synthetic_tasks(problems, seed=seed, kinds=("multiply",), split="heldout")
-    tokenizer = load_tokenizer(model_dir)
-    engine = JaxEngine.from_hf(model_dir, slots=16, max_len=1024)
+    tokenizer, model = load_tokenizer(model_dir), load_hf(model_dir)
+    engine = JaxEngine(model.config, model.params, slots=16, max_len=1024)
 
     async def sampled(url: str, verifier: VerifierPool) -> Any:
         async with SandboxClient([url]) as client:
@@ -121,15 +122,14 @@ def measure(model_dir: str, problems: int, samples: int, seed: int = 7, max_turn
     finally:
         engine.close()
     sorted_failures, examples = [], {}
-    for index, (sample, correct) in enumerate(zip(result.samples, result.correct)):
+    model_texts = response_texts(result.samples, tokenizer)
+    for index, (sample, model_text, correct) in enumerate(zip(result.samples, model_texts, result.correct)):
         trajectory = sample.trajectory
-        start = trajectory.loss_mask.index(1)
-        model_ids = [t for t, m in zip(trajectory.token_ids, trajectory.loss_mask) if m]
+        start = trajectory.loss_mask.index(1)  # the prompt ends where the model's first turn begins
         tool_ids = [t for t, m in zip(trajectory.token_ids[start:], trajectory.loss_mask[start:]) if not m]
-        question, model_text = tasks[index // samples].problem.question, tokenizer.decode(model_ids)
+        question = tasks[index // samples].problem.question
         sorted_failures.append(first_failure(question, model_text, tokenizer.decode(tool_ids), correct))
         examples.setdefault(sorted_failures[-1], []).append(f"{question}\n{model_text}")
-    model = load_hf(model_dir)
     counts = Counter(sorted_failures)
     return {"model": model_dir, "problems": problems, "samples": samples, "accuracy": result.summary["accuracy"],
             "first_failures": {name: counts.get(name, 0) for name in FAILURES},
