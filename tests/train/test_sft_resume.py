@@ -31,7 +31,7 @@ SMALL_RUN = [
 
 @pytest.fixture
 def small_sft_config():
-    parse_gin([TINY_MODEL_GIN, DEFAULT_GIN], SMALL_RUN)
+    parse_gin([TINY_MODEL_GIN, DEFAULT_GIN], SMALL_RUN + ["train_sft.drill_steps = 3"])
     yield
     gin.clear_config()
 
@@ -46,16 +46,18 @@ def test_killed_run_resumes_to_bit_identical_params(tmp_path: Path, small_sft_co
 
     interrupted.mkdir()
     shutil.copyfile(whole / "transcripts.jsonl", interrupted / "transcripts.jsonl")  # the cache: no sandbox rerun
-    assert train_sft(interrupted, stop_at_step=7) is None  # dies after step 7; last checkpoint: step 6
-    assert sorted(p.name for p in (interrupted / "checkpoints").iterdir() if p.name.isdigit())[-1] == "6"
+    # Killed twice: inside the drills (whose next batch is built while a step runs), then among the transcripts.
+    assert train_sft(interrupted, stop_at_step=3) is None  # dies after step 3; last checkpoint: step 2
+    assert train_sft(interrupted, stop_at_step=9) is None  # resumes after step 2, dies after step 9; checkpoint: 8
+    assert sorted(p.name for p in (interrupted / "checkpoints").iterdir() if p.name.isdigit())[-1] == "8"
     assert train_sft(interrupted) == interrupted / "model"
 
     summary = json.loads((interrupted / "summary.json").read_text())
-    assert summary["resumed_from_step"] == 6 and json.loads((whole / "summary.json").read_text())[
+    assert summary["resumed_from_step"] == 8 and json.loads((whole / "summary.json").read_text())[
         "resumed_from_step"] == 0
     log, reference = read_metrics(interrupted / "metrics.jsonl"), read_metrics(whole / "metrics.jsonl")
-    assert [e["step"] for e in log] == list(range(1, 9))
-    assert [e["phase"] for e in log] == ["drills", "short"] + ["transcripts"] * 6
+    assert [e["step"] for e in log] == list(range(1, 11))
+    assert [e["phase"] for e in log] == ["drills"] * 3 + ["short"] + ["transcripts"] * 6
     assert [e["loss"] for e in log] == [e["loss"] for e in reference]
     resumed, uninterrupted = load_file(interrupted / "model" / "model.safetensors"), load_file(
         model_dir / "model.safetensors")
