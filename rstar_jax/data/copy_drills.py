@@ -94,21 +94,31 @@ def _output_and_answer(rng: random.Random) -> str:
     return response + _turn("assistant", final_turn_text(value))
 
 
-def _repeat(rng: random.Random) -> str:
-    """A user turn listing 4-10 random numbers (half of them of 3 digits) and the assistant turn that repeats them."""
-    numbers = [str(rng.randrange(100, 1000) if rng.random() < 0.5 else rng.randrange(100))
-               for _ in range(rng.randint(4, 10))]
+def _listed_number(rng: random.Random, long_numbers: float) -> int:
+    """A share `long_numbers` of 4-6 digits (two tokens), the rest half of 3 digits, half below 100 (one token)."""
+    draw = rng.random()
+    if draw < long_numbers:
+        return rng.randrange(1000, 10 ** rng.randint(4, 6))
+    return rng.randrange(100, 1000) if draw < long_numbers + (1.0 - long_numbers) / 2 else rng.randrange(100)
+
+
+def _repeat(rng: random.Random, long_numbers: float) -> str:
+    """A user turn listing 4-10 random numbers (`_listed_number`) and the assistant turn that repeats them."""
+    numbers = [str(_listed_number(rng, long_numbers)) for _ in range(rng.randint(4, 10))]
     listed = rng.choice((" ", ", ", " * ")).join(numbers)
     return _turn("user", listed) + _turn("assistant", listed)
 
 
-def _pieces(index: int, seed: int, kinds: Sequence[str], retries: float, repeats: float = 0.0) -> Iterator[str]:
+def _pieces(index: int, seed: int, kinds: Sequence[str], retries: float, repeats: float = 0.0,
+            long_numbers: float = 0.0) -> Iterator[str]:
     """Drill `index` of `seed`'s pieces, endlessly, in a seeded order: a share `retries` of retries, a share
-    `repeats` of number lists repeated, the rest half questions with their tool calls, half tool responses with the
-    final turns that box them."""
+    `repeats` of number lists repeated (a share `long_numbers` of their numbers of two tokens), the rest half
+    questions with their tool calls, half tool responses with the final turns that box them."""
     if not 0.0 <= retries < 1.0 or not 0.0 <= repeats < 1.0 or retries + repeats >= 1.0:
         raise ValueError(f"the shares of retry and repeat pieces must be within [0, 1) and sum below 1, got "
                          f"{retries} and {repeats}")
+    if not 0.0 <= long_numbers <= 1.0:
+        raise ValueError(f"the share of long listed numbers must be within [0, 1], got {long_numbers}")
     if not kinds or set(kinds) - set(KINDS):
         raise ValueError(f"drill questions need synthetic kinds among {KINDS}, got {tuple(kinds)}")
     rng = random.Random(f"copy-drill:{seed}:{index}")
@@ -117,7 +127,7 @@ def _pieces(index: int, seed: int, kinds: Sequence[str], retries: float, repeats
         if draw < retries:
             yield _question_and_retry(rng, seed, kinds)
         elif draw < retries + repeats:
-            yield _repeat(rng)
+            yield _repeat(rng, long_numbers)
         elif draw < retries + repeats + (1.0 - retries - repeats) / 2:
             yield _question_and_program(rng, seed, kinds)
         else:
@@ -125,20 +135,21 @@ def _pieces(index: int, seed: int, kinds: Sequence[str], retries: float, repeats
 
 
 def copy_drill_text(index: int, seed: int = 0, snippets: int = 4, kinds: Sequence[str] = KINDS,
-                    retries: float = 0.0, repeats: float = 0.0) -> str:
+                    retries: float = 0.0, repeats: float = 0.0, long_numbers: float = 0.0) -> str:
     """Drill `index` of `seed` as text: `snippets` pieces in the transcripts' chat layout, each a question with the
     tool call that runs its program, a tool response with the final turn that boxes its output, or (a share
     `retries`) a question with a failed call, its error and the fixed call, or (a share `repeats`) a list of numbers
-    repeated; in a seeded order."""
+    repeated, a share `long_numbers` of them of 4-6 digits; in a seeded order."""
     if snippets < 1:
         raise ValueError(f"a copy drill needs at least one snippet, got {snippets}")
-    return "".join(itertools.islice(_pieces(index, seed, kinds, retries, repeats), snippets))
+    return "".join(itertools.islice(_pieces(index, seed, kinds, retries, repeats, long_numbers), snippets))
 
 
 def copy_drill_ids(index: int, tokenizer: PreTrainedTokenizerBase, seed: int = 0, snippets: int = 4,
-                   kinds: Sequence[str] = KINDS, retries: float = 0.0, repeats: float = 0.0) -> tuple[int, ...]:
-    """The token ids of drill `index` (every one is trained on: loss mask all ones)."""
-    return tuple(tokenizer.encode(copy_drill_text(index, seed, snippets, kinds, retries, repeats),
+                   kinds: Sequence[str] = KINDS, retries: float = 0.0, repeats: float = 0.0,
+                   long_numbers: float = 0.0) -> tuple[int, ...]:
+    """The token ids of drill `index` (`copy_drill_text`)."""
+    return tuple(tokenizer.encode(copy_drill_text(index, seed, snippets, kinds, retries, repeats, long_numbers),
                                   add_special_tokens=False))
 
 
@@ -167,14 +178,15 @@ def assistant_mask(ids: Sequence[int], tokenizer: PreTrainedTokenizerBase) -> tu
 
 
 def filled_drill_ids(index: int, tokenizer: PreTrainedTokenizerBase, length: int, seed: int = 0,
-                     kinds: Sequence[str] = KINDS, retries: float = 0.0, repeats: float = 0.0) -> tuple[int, ...]:
+                     kinds: Sequence[str] = KINDS, retries: float = 0.0, repeats: float = 0.0,
+                     long_numbers: float = 0.0) -> tuple[int, ...]:
     """Drill `index`'s pieces, as many as it takes, cut to exactly `length` + 1 tokens: a training row of `length`
     next-token predictions with no padding (a row of whole pieces pads to its batch's longest, ~40% of the demo's
     drill rows). The first pieces are those of `copy_drill_text(index, seed)`; only the last is cut."""
     if length < 1:
         raise ValueError(f"a filled drill needs a positive length, got {length}")
     ids: list[int] = []
-    pieces = _pieces(index, seed, kinds, retries, repeats)
+    pieces = _pieces(index, seed, kinds, retries, repeats, long_numbers)
     while len(ids) <= length:
         ids += tokenizer.encode(next(pieces), add_special_tokens=False)  # each piece starts with a special token
     return tuple(ids[:length + 1])

@@ -53,15 +53,18 @@ def transcript_batches(sequences: Sequence[TrainingSequence], batch_size: int, s
 def drill_batch(step: int, batch_size: int, tokenizer: object, seed: int, snippets: int,
                 length: int | None = None, retries: float = 0.0,
                 kinds: Sequence[str] = KINDS, repeats: float = 0.0,
-                assistant_only: bool = False) -> list[TrainingSequence]:
+                assistant_only: bool = False, long_numbers: float = 0.0) -> list[TrainingSequence]:
     """The copy drills of drill step `step`: drills step * batch_size ... + batch_size - 1 of `seed`, each of
     `snippets` whole pieces, or (with `length`) filled with pieces to exactly `length` predictions; a share `retries`
-    of the pieces are retries and a share `repeats` number lists repeated; questions of the synthetic `kinds`, each
-    drawn as often as it is named (`rstar_jax.data.copy_drills`). Every token is trained on, or with
-    `assistant_only` only the assistant turns' (`assistant_mask`)."""
+    of the pieces are retries and a share `repeats` number lists repeated (a share `long_numbers` of the listed
+    numbers of 4-6 digits); questions of the synthetic `kinds`, each drawn as often as it is named
+    (`rstar_jax.data.copy_drills`). Every token is trained on, or with `assistant_only` only the assistant turns'
+    (`assistant_mask`)."""
     indices = range(step * batch_size, (step + 1) * batch_size)
-    drills = [copy_drill_ids(index, tokenizer, seed, snippets, kinds, retries, repeats) if length is None
-              else filled_drill_ids(index, tokenizer, length, seed, kinds, retries, repeats) for index in indices]
+    drills = [copy_drill_ids(index, tokenizer, seed, snippets, kinds, retries, repeats, long_numbers)
+              if length is None else filled_drill_ids(index, tokenizer, length, seed, kinds, retries, repeats,
+                                                      long_numbers)
+              for index in indices]
     return [TrainingSequence(ids, assistant_mask(ids, tokenizer) if assistant_only else (1,) * len(ids))
             for ids in drills]
 
@@ -112,7 +115,8 @@ def train_sft(out: str | Path, steps: int = 100, batch_size: int = 16, num_trans
               drill_kinds: Sequence[str] = KINDS, data_seed: int = 0, model_seed: int = 0, tokenizer: str = "tiny",
               save_every: int = 25, stop_at_step: int | None = None, pad_multiple: int | None = None,
               number_loss_weight: float = 1.0, copy_gate: CopyGate | None = None,
-              drill_repeats: float = 0.0, drill_assistant_only: bool = False) -> Path | None:
+              drill_repeats: float = 0.0, drill_assistant_only: bool = False,
+              drill_long_numbers: float = 0.0) -> Path | None:
     """Run (or resume) the format SFT into `out`; returns the trained HF folder, or None when stopped early.
 
     `drill_steps` steps of `drill_batch_size` copy drills come first, then `short_steps` steps of `short_batch_size`
@@ -120,8 +124,9 @@ def train_sft(out: str | Path, steps: int = 100, batch_size: int = 16, num_trans
     `num_transcripts`, generated once against a sandbox server and cached in OUT/transcripts.jsonl).
     A drill row holds `drill_snippets` whole pieces, or with `drill_length` as many pieces as fill exactly that many
     tokens (no padding); a share `drill_retries` of the pieces are retries and a share `drill_repeats` lists of
-    numbers repeated (`rstar_jax.data.copy_drills`), and the questions are of `drill_kinds` (a kind named twice is
-    drawn twice as often). Every drill token is trained on, or with `drill_assistant_only` only the assistant turns'.
+    numbers repeated, a share `drill_long_numbers` of those numbers of two tokens (`rstar_jax.data.copy_drills`),
+    and the questions are of `drill_kinds` (a kind named twice is drawn twice as often). Every drill token is
+    trained on, or with `drill_assistant_only` only the assistant turns'.
     Rows are padded to a multiple of `pad_multiple` tokens (None: the next power of two; `bucket_length`).
     A trained target that is a number token (digits only) counts `number_loss_weight` times in the loss.
     With a `copy_gate`, the scheduled steps are followed by its check of held-out copies and, while that fails, by
@@ -172,7 +177,8 @@ def train_sft(out: str | Path, steps: int = 100, batch_size: int = 16, num_trans
 
     def drills_of(step: int) -> TokenBatch:
         return make_batch(drill_batch(step, drill_batch_size, token_source, data_seed, drill_snippets, drill_length,
-                                      drill_retries, drill_kinds, drill_repeats, drill_assistant_only),
+                                      drill_retries, drill_kinds, drill_repeats, drill_assistant_only,
+                                      drill_long_numbers),
                           pad_id, pad_multiple)
 
     with MetricsWriter(out, resume_step=start) as writer, Progress(end, "SFT", initial=start) as progress:

@@ -110,6 +110,25 @@ def test_repeat_pieces_list_numbers_that_the_assistant_turn_copies_in_order():
         copy_drill_text(0, retries=0.5, repeats=0.5)
 
 
+def test_a_share_of_listed_numbers_has_4_to_6_digits_and_two_tokens():
+    tokenizer = load_tokenizer("tiny")
+    listed = []
+    for index in range(40):
+        for (_, user), _ in zip(*[iter(turns(copy_drill_text(index, seed=0, snippets=3, repeats=0.9,
+                                                                long_numbers=0.3)))] * 2):
+            if re.fullmatch(r"\d+(?:(?: |, | \* )\d+)+", user):
+                listed += re.findall(r"\d+", user)
+    long = [number for number in listed if len(number) >= 4]
+    assert all(len(number) <= 6 and int(number) >= 1000 for number in long)
+    assert all(len(tokenizer.encode(number, add_special_tokens=False)) == 2 for number in long)
+    assert 0.22 <= len(long) / len(listed) <= 0.38 and len(listed) > 500  # 30%
+    # Without them the lists (and every other piece) are what they were before the share existed.
+    assert copy_drill_text(7, seed=0, snippets=6, repeats=0.5) == copy_drill_text(7, seed=0, snippets=6, repeats=0.5,
+                                                                                  long_numbers=0.0)
+    with pytest.raises(ValueError, match="long listed numbers"):
+        copy_drill_text(0, repeats=0.5, long_numbers=1.5)
+
+
 def test_the_assistant_mask_trains_exactly_the_assistant_turns_of_a_row():
     tokenizer = load_tokenizer("tiny")
     for index in range(6):

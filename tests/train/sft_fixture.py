@@ -27,11 +27,11 @@ SFT_GIN = "sft/tiny_format.gin"
 # The fixture's tests need the agent format (tool calls that parse, answers in tags), which the transcripts teach, not
 # the copying of numbers the drills teach: 100 of the demo's 400 drill steps, and half its transcript steps (the
 # demo's count until 51e7892), keep the session's SFT at ~6 minutes (368 s measured) and CI within its 45. Number
-# tokens keep their plain weight in the loss and the drills hold no repeated number lists, as when the tests'
-# thresholds were measured, and the copy gate measures nothing.
+# tokens keep their plain weight in the loss and the drills hold no repeated number lists and train on every token, as
+# when the tests' thresholds were measured, and the copy gate measures nothing.
 FIXTURE_BINDINGS = ("train_sft.drill_steps = 100", "train_sft.short_steps = 100", "train_sft.steps = 40",
                     "train_sft.number_loss_weight = 1.0", "train_sft.drill_repeats = 0.0",
-                    "train_sft.copy_gate = None")
+                    "train_sft.drill_assistant_only = False", "train_sft.copy_gate = None")
 
 
 def run_format_sft(out: Path, gin_params: Sequence[str] = (), timeout_s: float = 1800) -> Path:

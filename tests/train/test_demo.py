@@ -23,7 +23,7 @@ SHRUNKEN = [
     "ModelConfig.num_heads = 2", "ModelConfig.num_kv_heads = 1",
     "train_sft.drill_steps = 2", "train_sft.short_steps = 100", "train_sft.steps = 3", "train_sft.num_transcripts = 8",
     "train_sft.batch_size = 4", "train_sft.number_loss_weight = 1.0", "CopyGate.rounds = 0",
-    "train_sft.drill_repeats = 0.0",
+    "train_sft.drill_repeats = 0.0", "train_sft.drill_assistant_only = False",
     "RLSettings.stages = [@short/Stage()]", "short/Stage.steps = 1", "RLSettings.prompts_per_step = 2",
     # RL on the one problem the shrunken SFT solves in some samples: the first of its 8 transcripts (synthetic tasks
     # of the data seed, --seed 3 below), whose 'short' phase it has memorised. Mixed rewards, so the step updates.
