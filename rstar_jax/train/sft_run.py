@@ -33,7 +33,7 @@ from rstar_jax.model.folder import save_model_folder, seeded_model
 from rstar_jax.parallel import abstract_placed, make_mesh
 from rstar_jax.tokenizers import load_tokenizer
 from rstar_jax.tokenizers.special_tokens import IM_START
-from rstar_jax.train.batching import TokenBatch, make_batch
+from rstar_jax.train.batching import make_batch
 from rstar_jax.train.copy_gate import GATE_TRANSCRIPTS_FILE, CopyGate, check_copies, gate_batch
 from rstar_jax.train.metrics import MetricsWriter
 from rstar_jax.train.optim import sft_optimizer
@@ -174,28 +174,19 @@ def train_sft(out: str | Path, steps: int = 100, batch_size: int = 16, num_trans
                  for size in {batch_size, drill_batch_size, short_batch_size}}
     pad_id = model.config.pad_token_id or 0
     phases = _Phases(drill_steps, short_steps, scheduled, copy_gate)
-
-    def drills_of(step: int) -> TokenBatch:
-        return make_batch(drill_batch(step, drill_batch_size, token_source, data_seed, drill_snippets, drill_length,
-                                      drill_retries, drill_kinds, drill_repeats, drill_assistant_only,
-                                      drill_long_numbers),
-                          pad_id, pad_multiple)
-
     with MetricsWriter(out, resume_step=start) as writer, Progress(end, "SFT", initial=start) as progress:
-        step, upcoming = start, None
+        step = start
         while True:
             for step in range(step, end):
                 phase = phases.of(step)
                 if phase == "drills":
-                    batch = drills_of(step) if upcoming is None else upcoming
+                    rows = drill_batch(step, drill_batch_size, token_source, data_seed, drill_snippets, drill_length,
+                                       drill_retries, drill_kinds, drill_repeats, drill_assistant_only,
+                                       drill_long_numbers)
                 else:
-                    batch = make_batch(next(iterators["short_transcripts" if phase == "short" else "transcripts"]),
-                                       pad_id, pad_multiple)
-                state, metrics = steps_for[batch.shape[0]](state, batch)
-                # The step runs in XLA's threads while Python builds the next drill batch (~30 ms of tokenising a
-                # step). Only drill batches: they depend on the step alone, while a transcript batch advances an
-                # iterator whose state the checkpoint below must hold as of this step.
-                upcoming = drills_of(step + 1) if step + 1 < end and phases.of(step + 1) == "drills" else None
+                    rows = next(iterators["short_transcripts" if phase == "short" else "transcripts"])
+                batch = make_batch(rows, pad_id, pad_multiple)
+                state, metrics = steps_for[len(rows)](state, batch)
                 values = {name: float(value) for name, value in jax.device_get(metrics).items()}
                 writer.write(step + 1, {"phase": phase, "seq_len": batch.shape[1], **values})
                 progress.advance(phase=phase, loss=values["loss"])

@@ -46,7 +46,8 @@ def test_killed_run_resumes_to_bit_identical_params(tmp_path: Path, small_sft_co
 
     interrupted.mkdir()
     shutil.copyfile(whole / "transcripts.jsonl", interrupted / "transcripts.jsonl")  # the cache: no sandbox rerun
-    # Killed twice: inside the drills (whose next batch is built while a step runs), then among the transcripts.
+    # Killed twice: inside the drills (their batches come from the step number, not a checkpointed iterator), then
+    # among the transcripts.
     assert train_sft(interrupted, stop_at_step=3) is None  # dies after step 3; last checkpoint: step 2
     assert train_sft(interrupted, stop_at_step=9) is None  # resumes after step 2, dies after step 9; checkpoint: 8
     assert sorted(p.name for p in (interrupted / "checkpoints").iterdir() if p.name.isdigit())[-1] == "8"
