@@ -11,6 +11,7 @@ from rstar_jax.tokenizers import load_tokenizer
 from rstar_jax.tokenizers.special_tokens import IM_END, IM_START
 
 TURN = re.compile(re.escape(IM_START) + r"(user|assistant)\n(.*?)" + re.escape(IM_END) + "\n", re.DOTALL)
+LISTED = re.compile(r"\d+(?:(?: |, | \* )\d+)+")  # a repeat piece's user turn: numbers and separators only
 
 
 def turns(text: str) -> list[tuple[str, str]]:
@@ -97,7 +98,7 @@ def test_repeat_pieces_list_numbers_that_the_assistant_turn_copies_in_order():
     for index in range(30):
         found = turns(copy_drill_text(index, seed=0, snippets=3, repeats=0.5))
         for (_, user), (_, assistant) in zip(found[::2], found[1::2]):
-            numbers = re.fullmatch(r"\d+(?:(?: |, | \* )\d+)+", user)
+            numbers = LISTED.fullmatch(user)
             if numbers is None:
                 others += 1
                 continue
@@ -114,10 +115,8 @@ def test_a_share_of_listed_numbers_has_4_to_6_digits_and_two_tokens():
     tokenizer = load_tokenizer("tiny")
     listed = []
     for index in range(40):
-        for (_, user), _ in zip(*[iter(turns(copy_drill_text(index, seed=0, snippets=3, repeats=0.9,
-                                                                long_numbers=0.3)))] * 2):
-            if re.fullmatch(r"\d+(?:(?: |, | \* )\d+)+", user):
-                listed += re.findall(r"\d+", user)
+        found = turns(copy_drill_text(index, seed=0, snippets=3, repeats=0.9, long_numbers=0.3))
+        listed += [number for _, user in found[::2] if LISTED.fullmatch(user) for number in re.findall(r"\d+", user)]
     long = [number for number in listed if len(number) >= 4]
     assert all(len(number) <= 6 and int(number) >= 1000 for number in long)
     assert all(len(tokenizer.encode(number, add_special_tokens=False)) == 2 for number in long)
