@@ -7,6 +7,7 @@ length and tool calls per step. matplotlib with the Agg backend, as `rstar_jax.t
 
 from __future__ import annotations
 
+import textwrap
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -49,8 +50,7 @@ def plot_curves(report: Mapping[str, Mapping[str, Any]], path: str | Path, title
     for panel in list(axes.flat)[len(names):]:
         panel.axis("off")
     axes.flat[0].legend(fontsize=7)
-    figure.suptitle(title)
-    figure.tight_layout(rect=(0, 0, 1, 1 - 0.25 / figure.get_figheight()))
+    _title(figure, title)
     return _save(figure, path)
 
 
@@ -75,9 +75,19 @@ def plot_heldout(report: Mapping[str, Mapping[str, Any]], path: str | Path, titl
                          else "center", fontsize=7)
         panel.grid(alpha=0.3, axis="y")
     axes.flat[0].legend(fontsize=7)
-    figure.suptitle(title)
-    figure.tight_layout(rect=(0, 0, 1, 1 - 0.25 / figure.get_figheight()))
+    _title(figure, title)
     return _save(figure, path)
+
+
+TITLE_CHARS_PER_INCH = 10  # of the default 12-point title: a line this long (or shorter) fits the figure's width
+
+
+def _title(figure: Any, title: str) -> None:
+    """`title` above the panels, wrapped to the figure's width (a long grid title was cut off at both edges), and
+    the panels laid out below its lines."""
+    lines = textwrap.wrap(title, int(figure.get_figwidth() * TITLE_CHARS_PER_INCH)) or [""]
+    figure.suptitle("\n".join(lines))
+    figure.tight_layout(rect=(0, 0, 1, 1 - 0.25 * len(lines) / figure.get_figheight()))
 
 
 def _save(figure: Any, path: str | Path) -> Path:

@@ -11,9 +11,11 @@ import pytest
 
 from rstar_jax.grid.aggregate import aggregate, load_results, spread, window
 from rstar_jax.grid.axes import seed_axis
+from rstar_jax.grid.plots import _title
 from rstar_jax.grid.points import Axis, AxisValue, expand
 from rstar_jax.grid.report import cell, write_report
 from rstar_jax.grid.runner import POINT_FILE, SUMMARY_FILE, run_dir, write_json
+from rstar_jax.train.plots import plt
 
 ARMS = Axis("selector", (AxisValue("roc_paper", ("make_selector.algorithm = 'roc'",)),
                          AxisValue("grpo", ("make_selector.algorithm = 'grpo'",))))
@@ -112,3 +114,18 @@ def test_the_report_leaves_out_unfinished_runs_and_writes_its_files(tmp_path: Pa
     stored = json.loads((tmp_path / "report" / "report.json").read_text())
     assert stored["grpo"]["runs"] == ["grpo__seed0", "grpo__seed1"]
     assert stored["grpo"]["heldout"]["sampled/accuracy"]["after"]["n"] == 2
+
+
+
+def test_a_long_title_is_wrapped_inside_the_figure() -> None:
+    # A report's title (the ablation's, 82 characters) was cut off at both edges of a 6-inch figure.
+    title = "RoC ablation from the demo's SFT models: GRPO-RoC vs penalty rewards vs plain GRPO"
+    figure, _ = plt.subplots(1, 1, figsize=(6, 3))
+    try:
+        _title(figure, title)
+        text = figure.get_suptitle()
+        assert text.count("\n") == 1 and text.replace("\n", " ") == title
+        box = figure._suptitle.get_window_extent(figure.canvas.get_renderer())
+        assert 0 <= box.x0 and box.x1 <= figure.bbox.x1
+    finally:
+        plt.close(figure)
