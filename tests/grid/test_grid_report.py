@@ -116,7 +116,6 @@ def test_the_report_leaves_out_unfinished_runs_and_writes_its_files(tmp_path: Pa
     assert stored["grpo"]["heldout"]["sampled/accuracy"]["after"]["n"] == 2
 
 
-
 def test_a_long_title_is_wrapped_inside_the_figure() -> None:
     # A report's title (the ablation's, 82 characters) was cut off at both edges of a 6-inch figure.
     title = "RoC ablation from the demo's SFT models: GRPO-RoC vs penalty rewards vs plain GRPO"
