@@ -1,5 +1,6 @@
 """The grid report's numbers (rstar_jax/grid/aggregate.py, report.py) against means and spreads computed by hand from
-fake run folders: two arms x three seeds, held-out summaries and per-step metrics, one run unfinished."""
+fake run folders: two arms x three seeds, held-out summaries and per-step metrics, one run unfinished; and that a
+long title stays inside its figure (plots.py)."""
 
 from __future__ import annotations
 
