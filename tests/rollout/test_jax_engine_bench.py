@@ -47,6 +47,18 @@ def test_ratios_are_against_transformers_and_sync_is_per_megabyte():
     assert sync["median_s"] == 0.2 and sync["seconds_per_mb"] == pytest.approx(0.05)
 
 
+def test_rounds_count_at_their_median_and_the_jax_engine_is_compared_with_each_vllm_server():
+    figures = bench.rounds_throughput([(100, 2.0), (100, 1.0), (100, 4.0)], slots=2)
+    assert (figures["seconds"], figures["tokens_per_s"], figures["slots"]) == (2.0, 50.0, 2)
+    assert figures["rounds_tokens_per_s"] == [50.0, 100.0, 25.0]
+    with pytest.raises(ValueError, match="same tokens, got \\[99, 100\\]"):
+        bench.rounds_throughput([(100, 2.0), (99, 1.0)])
+    results = {"jax": bench.throughput(300, 1.0), "vllm": bench.throughput(100, 1.0),
+               "vllm_pinned": bench.throughput(60, 1.0), "transformers": bench.throughput(50, 1.0)}
+    assert bench.jax_ratios(results) == {"jax_vs_vllm": 3.0, "jax_vs_vllm_pinned": 5.0}
+    assert bench.jax_ratios({"vllm": results["vllm"]}) == {}
+
+
 def test_unknown_engines_are_rejected(tmp_path):
     with pytest.raises(ValueError, match="unknown or no engines \\['sglang'\\]"):
         bench.run_benchmark(tmp_path, ["jax", "sglang"], bench.request_mix(1, 2, 2, 2, 10), slots=2, max_len=8)
@@ -60,6 +72,7 @@ def test_jax_and_transformers_run_writes_every_figure(tmp_path, clean_gin):
                 "ModelConfig.vocab_size = 128"]
     result = bench.main(["--engines", "jax,transformers", "--requests", "3", "--min_prompt", "2", "--max_prompt",
                          "9", "--new_tokens", "5", "--slots", "2", "--max_len", "16", "--sync_repeats", "2",
+                         "--rounds", "3",
                          *[arg for binding in bindings for arg in ("--gin_param", binding)], "--json", str(out)])
     assert json.loads(out.read_text()) == result
     assert result["model"]["num_hidden_layers"] == 1 and result["model"]["vocab_size"] == 128
@@ -73,6 +86,9 @@ def test_jax_and_transformers_run_writes_every_figure(tmp_path, clean_gin):
     assert throughput["jax"]["ratio_vs_transformers"] == pytest.approx(
         throughput["jax"]["tokens_per_s"] / throughput["transformers"]["tokens_per_s"])
     assert throughput["jax"]["prefill_buckets"] == [16]
+    rates = throughput["jax"]["rounds_tokens_per_s"]
+    assert len(rates) == 3 and throughput["jax"]["tokens_per_s"] == pytest.approx(sorted(rates)[1])
+    assert "rounds_tokens_per_s" not in throughput["transformers"] and result["jax_ratios"] == {}
     sync = result["weight_sync"]["jax"]
     assert sync["megabytes"] == pytest.approx(result["model"]["param_count"] * 4 / 1e6)  # float32
     assert len(sync["seconds"]) == 2 and sync["seconds_per_mb"] > 0
