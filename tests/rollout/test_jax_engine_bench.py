@@ -51,7 +51,7 @@ def test_rounds_count_at_their_median_and_the_jax_engine_is_compared_with_each_v
     figures = bench.rounds_throughput([(100, 2.0), (100, 1.0), (100, 4.0)], slots=2)
     assert (figures["seconds"], figures["tokens_per_s"], figures["slots"]) == (2.0, 50.0, 2)
     assert figures["rounds_tokens_per_s"] == [50.0, 100.0, 25.0]
-    with pytest.raises(ValueError, match="same tokens, got \\[99, 100\\]"):
+    with pytest.raises(ValueError, match="same number of tokens, got \\[99, 100\\]"):
         bench.rounds_throughput([(100, 2.0), (99, 1.0)])
     results = {"jax": bench.throughput(300, 1.0), "vllm": bench.throughput(100, 1.0),
                "vllm_pinned": bench.throughput(60, 1.0), "transformers": bench.throughput(50, 1.0)}
@@ -61,7 +61,9 @@ def test_rounds_count_at_their_median_and_the_jax_engine_is_compared_with_each_v
 
 def test_unknown_engines_are_rejected(tmp_path):
     with pytest.raises(ValueError, match="unknown or no engines \\['sglang'\\]"):
-        bench.run_benchmark(tmp_path, ["jax", "sglang"], bench.request_mix(1, 2, 2, 2, 10), slots=2, max_len=8)
+        bench.run_benchmark(tmp_path, ["jax", "sglang"], [bench.request_mix(1, 2, 2, 2, 10)], slots=2, max_len=8)
+    with pytest.raises(ValueError, match="at least one mix, got slots=2, sync_repeats=3, 0 mixes"):
+        bench.run_benchmark(tmp_path, ["jax"], [], slots=2, max_len=8)
 
 
 @pytest.mark.slow
@@ -89,6 +91,7 @@ def test_jax_and_transformers_run_writes_every_figure(tmp_path, clean_gin):
     rates = throughput["jax"]["rounds_tokens_per_s"]
     assert len(rates) == 3 and throughput["jax"]["tokens_per_s"] == pytest.approx(sorted(rates)[1])
     assert "rounds_tokens_per_s" not in throughput["transformers"] and result["jax_ratios"] == {}
+    assert result["request_mix"]["rounds"] == 3
     sync = result["weight_sync"]["jax"]
     assert sync["megabytes"] == pytest.approx(result["model"]["param_count"] * 4 / 1e6)  # float32
     assert len(sync["seconds"]) == 2 and sync["seconds_per_mb"] > 0
