@@ -15,11 +15,13 @@ is drained) whose admission of each attempt is KV-aware:
   key of `SamplingParams`) while its load is within a margin of the best engine's, where the prefix cache holds
   the context;
 - when the policy finds no engine that can take the request without overflowing, it waits in a FIFO queue and
-  goes out as reservations are released (so engines never preempt, and queue nothing themselves); the next part of
-  a turn already running goes ahead of new turns, and with `kv_aware` a queued turn whose trajectory last ran on
-  the engine that frees room goes there ahead of the head of the queue (`affinity_lookahead`): when every engine
-  is full, the head would otherwise take the room, and the returning turn the next room on any engine, losing its
-  context (issue 26: on two JAX engines 61 of 96 trajectories ran turns on both).
+  goes out as reservations are released or new readings show room (so engines never preempt, and queue nothing
+  themselves); while the queue is blocked the engines are read again at the scrape interval, since room can also
+  come from outside (another client's requests ending, a gauge catching up) with nothing here to notice; the next
+  part of a turn already running goes ahead of new turns, and with `kv_aware` a queued turn whose trajectory last
+  ran on the engine that frees room goes there ahead of the head of the queue (`affinity_lookahead`): when every
+  engine is full, the head would otherwise take the room, and the returning turn the next room on any engine,
+  losing its context (issue 26: on two JAX engines 61 of 96 trajectories ran turns on both).
 """
 
 from __future__ import annotations
@@ -38,6 +40,8 @@ from rstar_jax.rollout.engine import Generation, GenerationEngine, RoutingKey, S
 from rstar_jax.rollout.prefix_blocks import HeldBlocks
 from rstar_jax.rollout.router import Admission, FailoverEngine
 from rstar_jax.rollout.turn_parts import generate_in_parts
+
+BLOCKED_RETRY_S = 0.01  # the least wait between two looks at a blocked queue (with scrape_interval_s = 0)
 
 
 @dataclasses.dataclass(eq=False)
@@ -83,6 +87,7 @@ class Balancer(FailoverEngine):
         self._live = self.live
         self._all_read = False
         self._queue: collections.deque[_Waiter] = collections.deque()
+        self._retry: tuple[asyncio.AbstractEventLoop, asyncio.TimerHandle] | None = None  # a blocked queue's next look
         self._affinity: collections.OrderedDict[RoutingKey, int] = collections.OrderedDict()
         self.queued_requests = 0  # attempts that had to wait in the queue
         self.max_queue = 0
@@ -142,6 +147,7 @@ class Balancer(FailoverEngine):
             self._queue.appendleft(waiter)
         else:
             self._queue.append(waiter)
+        self._look_again_later()
         self.queued_requests += 1
         self.max_queue = max(self.max_queue, len(self._queue))
         try:
@@ -234,11 +240,26 @@ class Balancer(FailoverEngine):
                 continue
             index = self._place(waiter.turn)
             if index is None:
+                self._look_again_later()
                 return
             if self.balancing.affinity and self._affinity.get(waiter.turn.key) != index:
                 waiter = self._returning_to(index) or waiter
             self._queue.remove(waiter)
             waiter.admitted.set_result(self._admit(index, waiter.turn))
+
+    def _look_again_later(self) -> None:
+        """The queue is blocked: dispatch again once the readings may be refreshed (scrape_interval_s, at least
+        BLOCKED_RETRY_S), unless a look is already due. Releases and readings dispatch too, but when nothing of this
+        balancer's runs and the latest readings still count use that has since ended, neither comes: the queue waited
+        for ever, both engines idle (tests/rollout/test_balancer_units.py)."""
+        loop = asyncio.get_running_loop()
+        if self._retry is not None and self._retry[0] is loop and not self._retry[1].cancelled():
+            return
+        self._retry = (loop, loop.call_later(max(self.readings.interval_s, BLOCKED_RETRY_S), self._look_again))
+
+    def _look_again(self) -> None:
+        self._retry = None
+        self._dispatch()
 
     def _returning_to(self, index: int) -> _Waiter | None:
         """The first of the next `affinity_lookahead` queued requests whose trajectory last ran on engine `index`,

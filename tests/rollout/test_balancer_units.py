@@ -255,3 +255,42 @@ def test_a_turn_returning_to_the_engine_that_frees_room_goes_there_before_the_he
         assert first == [100, 200, 110] and second == [300, 400]
     else:
         assert first == [100, 200, 400] and second == [300, 110]
+
+
+class GaugeEngine:
+    """An engine whose capacity reading reports `used` KV tokens, as a metrics gauge would (another client's
+    requests, or a gauge an idle server stopped refreshing); answers every turn at once."""
+
+    def __init__(self, used: int) -> None:
+        self.used = used
+        self.reads = 0
+
+    async def generate(self, prompt_ids, sampling: SamplingParams) -> Generation:
+        return Generation((1,), (-1.0,), FINISH_STOP)
+
+    async def capacity(self) -> EngineCapacity:
+        self.reads += 1
+        return EngineCapacity(100, self.used, 0, 0)
+
+
+@pytest.mark.parametrize("interval_s", [0.0, 0.05])
+def test_a_turn_queued_behind_foreign_use_goes_out_when_a_later_reading_shows_room(interval_s):
+    """Nothing of the balancer's runs and nothing is released, so only a later reading can free the queued turn: the
+    balancer must read again while its queue is blocked, at the scrape interval, not wait for an event that never
+    comes (a fleet once stalled this way in tests/rollout/test_balancer_engines.py, both engines idle)."""
+
+    async def scenario() -> tuple[int, int]:
+        engine = GaugeEngine(used=60)
+        balancer = Balancer([engine], policy="kv_aware", part_tokens=None, scrape_interval_s=interval_s)
+        turn = asyncio.create_task(balancer.generate(list(range(1, 52)), SamplingParams(max_new_tokens=10)))
+        await asyncio.sleep(0.2)
+        assert not turn.done() and balancer.queued == 1  # needs 60 of the 40 free tokens
+        reads_while_blocked = engine.reads
+        engine.used = 0  # the other client's requests end
+        generation = await asyncio.wait_for(turn, timeout=2.0)
+        assert generation.token_ids == (1,) and balancer.queued == 0 and balancer.reserved == (0,)
+        return reads_while_blocked, engine.reads
+
+    blocked, total = asyncio.run(scenario())
+    assert 2 <= blocked <= 0.2 / max(interval_s, 0.01) + 2  # polled at the interval (10 ms at least) while blocked
+    assert total > blocked
