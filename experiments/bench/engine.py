@@ -230,8 +230,8 @@ def bench_jax(model_dir: Path, params: Params, mixes: Sequence[RequestMix], slot
     finally:
         engine.close()
     return rounds_throughput(served, warmup_s=warmup_s, slots=slots, max_len=max_len,
-                      prefill_buckets=list(engine.buckets), decode_steps=engine.decode_steps,
-                      compiled_programs=compiled), sync
+                             prefill_buckets=list(engine.buckets), decode_steps=engine.decode_steps,
+                             compiled_programs=compiled), sync
 
 
 def bench_vllm(model_dir: Path, params: Params, mixes: Sequence[RequestMix], slots: int, max_len: int,
@@ -262,9 +262,9 @@ def bench_vllm(model_dir: Path, params: Params, mixes: Sequence[RequestMix], slo
     sync["write_s"] = [t.write_s for t in timings]
     sync["load_s"] = [t.load_s for t in timings]
     return rounds_throughput(served, startup_s=startup_s, slots=slots, max_len=max_len,
-                      enforce_eager=not compile_graphs, cpus=None if cpus is None else list(cpus),
-                      metrics_polls=len(latencies), metrics_latency_p50_s=statistics.median(latencies),
-                      metrics_latency_max_s=max(latencies)), sync
+                             enforce_eager=not compile_graphs, cpus=None if cpus is None else list(cpus),
+                             metrics_polls=len(latencies), metrics_latency_p50_s=statistics.median(latencies),
+                             metrics_latency_max_s=max(latencies)), sync
 
 
 def bench_transformers(model_dir: Path, mix: RequestMix, batch: int, threads: int | None = None,
