@@ -250,8 +250,8 @@ class Balancer(FailoverEngine):
     def _look_again_later(self) -> None:
         """The queue is blocked: dispatch again once the readings may be refreshed (scrape_interval_s, at least
         BLOCKED_RETRY_S), unless a look is already due. Releases and readings dispatch too, but when nothing of this
-        balancer's runs and the latest readings still count use that has since ended, neither comes: the queue waited
-        for ever, both engines idle (tests/rollout/test_balancer_units.py)."""
+        balancer's runs and the latest readings still count use that has since ended, neither comes, and the queue
+        waited for ever (tests/rollout/test_balancer_units.py)."""
         loop = asyncio.get_running_loop()
         if self._retry is not None and self._retry[0] is loop and not self._retry[1].cancelled():
             return

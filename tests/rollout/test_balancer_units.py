@@ -277,7 +277,7 @@ class GaugeEngine:
 def test_a_turn_queued_behind_foreign_use_goes_out_when_a_later_reading_shows_room(interval_s):
     """Nothing of the balancer's runs and nothing is released, so only a later reading can free the queued turn: the
     balancer must read again while its queue is blocked, at the scrape interval, not wait for an event that never
-    comes (a fleet once stalled this way in tests/rollout/test_balancer_engines.py, both engines idle)."""
+    comes (a full test run once hung in tests/rollout/test_balancer_engines.py with both engines idle, likely so)."""
 
     async def scenario() -> tuple[int, int]:
         engine = GaugeEngine(used=60)
