@@ -87,7 +87,7 @@ class Balancer(FailoverEngine):
         self._live = self.live
         self._all_read = False
         self._queue: collections.deque[_Waiter] = collections.deque()
-        self._retry: tuple[asyncio.AbstractEventLoop, asyncio.TimerHandle] | None = None  # a blocked queue's next look
+        self._look_due_in: asyncio.AbstractEventLoop | None = None  # the loop a blocked queue's next look is due in
         self._affinity: collections.OrderedDict[RoutingKey, int] = collections.OrderedDict()
         self.queued_requests = 0  # attempts that had to wait in the queue
         self.max_queue = 0
@@ -253,12 +253,12 @@ class Balancer(FailoverEngine):
         balancer's runs and the latest readings still count use that has since ended, neither comes, and the queue
         waited for ever (tests/rollout/test_balancer_units.py)."""
         loop = asyncio.get_running_loop()
-        if self._retry is not None and self._retry[0] is loop and not self._retry[1].cancelled():
-            return
-        self._retry = (loop, loop.call_later(max(self.readings.interval_s, BLOCKED_RETRY_S), self._look_again))
+        if self._look_due_in is not loop:  # none due, or due in a loop that has ended
+            self._look_due_in = loop
+            loop.call_later(max(self.readings.interval_s, BLOCKED_RETRY_S), self._look_again)
 
     def _look_again(self) -> None:
-        self._retry = None
+        self._look_due_in = None
         self._dispatch()
 
     def _returning_to(self, index: int) -> _Waiter | None:
