@@ -126,12 +126,14 @@ def _prefill_slot(params: Params, config: ModelConfig, cache: KVCache, slot: jax
     if input_ids.ndim != 1 or attention_mask.shape != input_ids.shape:
         raise ValueError(f"prefill_slot takes one sequence [T] and its mask, got {input_ids.shape} and "
                          f"{attention_mask.shape}")
-    row = KVCache(jax.lax.dynamic_slice_in_dim(cache.keys, slot, 1, axis=1),
-                  jax.lax.dynamic_slice_in_dim(cache.values, slot, 1, axis=1),
-                  jnp.zeros((1,), jnp.int32))
-    # The slot starts empty: attend over one (masked) cache position, not max_len of them.
+    # The slot starts empty, so its old row is never read: the prompt's keys go into a fresh row of T positions
+    # (attending over one masked cache position, not max_len), which is then written over the start of the slot's
+    # row. Positions past the prompt keep stale keys, unread: they lie beyond the slot's length.
+    shape = (cache.keys.shape[0], 1, cache.keys.shape[2], input_ids.shape[0], cache.keys.shape[4])
+    row = KVCache(jnp.zeros(shape, cache.keys.dtype), jnp.zeros(shape, cache.values.dtype), jnp.zeros((1,), jnp.int32))
     logits, row = extend(params, config, row, input_ids[None], attention_mask[None], all_logits=all_logits, window=1)
-    new_cache = KVCache(jax.lax.dynamic_update_slice_in_dim(cache.keys, row.keys, slot, axis=1),
-                        jax.lax.dynamic_update_slice_in_dim(cache.values, row.values, slot, axis=1),
+    start = (0, slot, 0, 0, 0)
+    new_cache = KVCache(jax.lax.dynamic_update_slice(cache.keys, row.keys, start),
+                        jax.lax.dynamic_update_slice(cache.values, row.values, start),
                         jax.lax.dynamic_update_slice_in_dim(cache.lengths, row.lengths, slot, axis=0))
     return logits[0], new_cache

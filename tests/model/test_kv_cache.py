@@ -143,6 +143,20 @@ def test_prefill_slot_replaces_one_slot_and_leaves_the_others(model):
     np.testing.assert_array_equal(cache.lengths, [6, 5, 0])
 
 
+def test_a_slot_prefilled_over_a_longer_sequence_never_reads_its_stale_keys(model):
+    """`prefill_slot` writes only the new prompt's positions: the keys of a longer sequence the slot held before stay
+    beyond its length, and neither the next decode step nor an extension attends to them."""
+    config = model.config
+    old, prompt = random_rows(config.vocab_size, [7, 3], seed=6)
+    _, cache = prefill(model.params, config, init_cache(config, 1, MAX_LEN), old[None], np.ones((1, 7), np.int32))
+    logits, cache = prefill_slot(model.params, config, cache, 0, prompt[:2], np.ones(2, np.int32), all_logits=False)
+    close(logits, reference_logits(model, [prompt[:2]])[0][-1])
+    assert not np.array_equal(np.asarray(cache.keys[:, 0, :, 2:7]), 0), "the stale keys are still there"
+    step_logits, cache = decode_step(model.params, config, cache, jnp.asarray([prompt[2]]))
+    close(step_logits[0], reference_logits(model, [prompt])[0][-1])
+    np.testing.assert_array_equal(cache.lengths, [3])
+
+
 def test_greedy_decoding_matches_transformers_generate(hf_checkpoint):
     """Same tokens as transformers' generate(do_sample=False) on left-padded prompts of different lengths."""
     folder, reference = hf_checkpoint("qwen3", seed=4, num_attention_heads=4, num_key_value_heads=2, head_dim=12)
