@@ -13,10 +13,12 @@ token. Every engine gets the whole mix at once and the clock runs from the first
                 min_new_tokens = new_tokens so each row yields the same count), after one warm-up batch, with
                 the faster of 1 and all torch threads (a short probe; --torch_threads fixes it)
 
-tokens/s = generated tokens / wall seconds. The JAX engine and vLLM serve --rounds mixes (default 5) one after
-another, each drawn the same way with its own seed, so no round finds its prompts in a cache a round before it left;
-their figure is the median round's. transformers serves the first mix once. Ratios are against transformers
-measured in the same run, and the JAX engine's against each vLLM server's (`jax_ratios`). Weight sync:
+tokens/s = generated tokens / wall seconds. The JAX engine and vLLM serve --rounds mixes (default 5), each drawn
+the same way with its own seed, so no round finds its prompts in a cache a round before it left. All of them are
+started first, then take turns: round r is mix r served by each in turn (one at a time, the order rotating), so
+every engine meets the machine of the same minutes; their figure is the median round's. transformers serves the
+first mix once, after them. Ratios are against transformers measured in the same run, and the JAX engine's against
+each vLLM server's (`jax_ratios`, of the median rounds; `jax_round_ratios`, round by round). Weight sync:
 seconds per MB (10^6 bytes of parameters) of pushing the model's parameters into the JAX engine (device copy,
 swapped between steps) and into the vLLM server (sync file written, then reloaded by the server), median of
 `sync_repeats`. While a vLLM server serves the mix, a client polls its /metrics every 0.1 s: the poll latencies
@@ -45,6 +47,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import dataclasses
 import json
 import os
@@ -54,7 +57,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Awaitable, Collection, Sequence
 
 import gin
 import jax
@@ -86,6 +89,7 @@ TURN_TOKENS = (20, 95)  # sampled tokens a turn (uniform): the demo's 124-205 re
 REUSE_CONFIGS = {"prefill_each_turn": False, "reuse_turns": True}  # name -> JaxEngine(reuse_turns=...)
 BASELINE = "transformers"
 VLLM_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1"}  # GiB of KV cache: ample for the tiny model
+SETTLE_S = 2.0  # quiet before each engine's round: an idle vllm-cpu server spins a core for ~1 s (serve_interleaved)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -152,6 +156,16 @@ def with_ratios(results: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]
             for name, figures in results.items()}
 
 
+def jax_round_ratios(results: dict[str, dict[str, Any]]) -> dict[str, list[float]]:
+    """The JAX engine's tokens/s over each vLLM server's, round by round (the same mix, served one after the
+    other)."""
+    if "jax" not in results:
+        return {}
+    return {f"jax_vs_{name}": [jax_rate / rate for jax_rate, rate in zip(results["jax"]["rounds_tokens_per_s"],
+                                                                        figures["rounds_tokens_per_s"])]
+            for name, figures in results.items() if name.startswith("vllm")}
+
+
 def jax_ratios(results: dict[str, dict[str, Any]]) -> dict[str, float]:
     """The JAX engine's tokens/s over each vLLM server's, same run (issue 26 item 4 asks for at least 2x)."""
     if "jax" not in results:
@@ -169,17 +183,33 @@ async def serve_mix(engine: GenerationEngine, mix: RequestMix) -> tuple[int, flo
     return sum(len(g.token_ids) for g in generations), seconds
 
 
-async def serve_rounds(engine: GenerationEngine, mixes: Sequence[RequestMix]) -> list[tuple[int, float]]:
-    """`serve_mix` for each of `mixes`, one after another: each round's (tokens, seconds)."""
-    return [await serve_mix(engine, mix) for mix in mixes]
+async def serve_interleaved(engines: dict[str, GenerationEngine], mixes: Sequence[RequestMix],
+                            polled: Collection[str] = (), every_s: float = 0.1, settle_s: float = SETTLE_S
+                            ) -> tuple[dict[str, list[tuple[int, float]]], dict[str, list[float]]]:
+    """Round r serves mixes[r] on every engine, one engine at a time, the order rotating by one each round, with
+    `settle_s` of quiet before each; engines in `polled` have their capacity polled every `every_s` while they
+    serve. Returns each engine's rounds (tokens, seconds) and each polled engine's poll latencies.
+
+    Interleaved so that the engines compared meet the same machine: run one after another, a run whose JAX rounds
+    all fell in a slow spell gave 1.80x where the runs beside it gave 2.18x and 2.38x (BENCHMARKS.md, "Engine speed
+    against vllm-cpu"). The quiet is needed: a vllm-cpu server keeps a core busy for about a second after its last
+    request (measured: 1.0 and 0.97 cores in the two half-seconds after a round, 0.00-0.02 from then on), and JAX
+    rounds served straight after vLLM ones ran ~30% slower than the others."""
+    names = list(engines)
+    served: dict[str, list[tuple[int, float]]] = {name: [] for name in names}
+    latencies: dict[str, list[float]] = {name: [] for name in polled}
+    for index, mix in enumerate(mixes):
+        turn = index % len(names)
+        for name in names[turn:] + names[:turn]:
+            await asyncio.sleep(settle_s)
+            serving = serve_mix(engines[name], mix)
+            served[name].append(await (polling(engines[name], serving, latencies[name], every_s) if name in polled
+                                       else serving))
+    return served, latencies
 
 
-async def serve_rounds_polled(engine: GenerationEngine, mixes: Sequence[RequestMix],
-                              every_s: float = 0.1) -> tuple[list[tuple[int, float]], list[float]]:
-    """`serve_rounds` while polling the engine's capacity every `every_s`: (each round's tokens and seconds, each
-    poll's latency)."""
-    latencies: list[float] = []
-
+async def polling(engine: GenerationEngine, work: Awaitable[Any], latencies: list[float], every_s: float) -> Any:
+    """Await `work` while polling `engine.capacity()` every `every_s`, each poll's latency appended to `latencies`."""
     async def poll() -> None:
         while True:
             sent = time.perf_counter()
@@ -189,11 +219,10 @@ async def serve_rounds_polled(engine: GenerationEngine, mixes: Sequence[RequestM
 
     poller = asyncio.create_task(poll())
     try:
-        served = await serve_rounds(engine, mixes)
+        return await work
     finally:
         poller.cancel()
         await asyncio.gather(poller, return_exceptions=True)
-    return served, latencies
 
 
 def sync_figures(megabytes: float, seconds: Sequence[float]) -> dict[str, Any]:
@@ -207,64 +236,85 @@ def params_megabytes(params: Params) -> float:
     return sum(leaf.nbytes for leaf in jax.tree_util.tree_leaves(params)) / 1e6
 
 
-def bench_jax(model_dir: Path, params: Params, mixes: Sequence[RequestMix], slots: int, max_len: int,
-              sync_repeats: int) -> tuple[dict[str, Any], dict[str, Any]]:
-    """JaxEngine throughput over a round of each mix after warm-up, then `sync_repeats` weight swaps of `params`."""
-    start = time.perf_counter()
-    engine = JaxEngine.from_hf(model_dir, slots=slots, max_len=max_len)
+async def jax_sync_times(engine: JaxEngine, params: Params, repeats: int) -> list[float]:
+    """Seconds of each of `repeats` weight swaps of `params` into the JAX engine."""
+    times = []
+    for version in range(1, repeats + 1):
+        begin = time.perf_counter()
+        await engine.update_weights(params, version)
+        times.append(time.perf_counter() - begin)
+    return times
+
+
+async def measure_engines(engines: dict[str, GenerationEngine], fleets: dict[str, VLLMFleet],
+                          mixes: Sequence[RequestMix], params: Params, sync_repeats: int, settle_s: float = SETTLE_S
+                          ) -> tuple[dict[str, list[tuple[int, float]]], dict[str, list[float]], dict[str, Any]]:
+    """One warm-up request to each vLLM server, the rounds (`serve_interleaved`, the servers polled), then each
+    engine's weight syncs: (rounds, poll latencies, sync timings: seconds for the JAX engine, `SyncTiming`s for a
+    fleet). The fleets' HTTP sessions are closed at the end."""
     try:
-        engine.wait_ready()
-        warmup_s = time.perf_counter() - start
-        served = asyncio.run(serve_rounds(engine, mixes))
-
-        async def sync_times() -> list[float]:
-            times = []
-            for version in range(1, sync_repeats + 1):
-                begin = time.perf_counter()
-                await engine.update_weights(params, version)
-                times.append(time.perf_counter() - begin)
-            return times
-
-        sync = sync_figures(params_megabytes(params), asyncio.run(sync_times()))
-        compiled = engine.compiled_programs()
+        for fleet in fleets.values():
+            await fleet.engines[0].generate(mixes[0].prompts[0], mixes[0].sampling(0))
+        served, latencies = await serve_interleaved(engines, mixes, polled=fleets, settle_s=settle_s)
+        timings: dict[str, Any] = {}
+        for name, engine in engines.items():
+            timings[name] = (await measure_weight_sync(fleets[name], params, repeats=sync_repeats) if name in fleets
+                             else await jax_sync_times(engine, params, sync_repeats))
+        return served, latencies, timings
     finally:
-        engine.close()
-    return rounds_throughput(served, warmup_s=warmup_s, slots=slots, max_len=max_len,
-                             prefill_buckets=list(engine.buckets), decode_steps=engine.decode_steps,
-                             compiled_programs=compiled), sync
+        await asyncio.gather(*(fleet.aclose() for fleet in fleets.values()))
 
 
-def bench_vllm(model_dir: Path, params: Params, mixes: Sequence[RequestMix], slots: int, max_len: int,
-               sync_repeats: int, compile_graphs: bool,
-               cpus: Sequence[int] | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
-    """One vLLM server (on `cpus` when given): throughput over a round of each mix after a warm-up request, with
-    /metrics polled meanwhile, then `sync_repeats` weight syncs; always stopped."""
+def vllm_sync_figures(timings: Sequence[Any]) -> dict[str, Any]:
+    """Weight-sync figures of a vLLM server from its `SyncTiming`s, with the write and load split."""
+    return {**sync_figures(timings[0].megabytes, [t.seconds for t in timings]),
+            "write_s": [t.write_s for t in timings], "load_s": [t.load_s for t in timings]}
+
+
+def bench_served(model_dir: Path, params: Params, engines: Sequence[str], mixes: Sequence[RequestMix], slots: int,
+                 max_len: int, sync_repeats: int, vllm_compile: bool, vllm_cpus: Sequence[int],
+                 settle_s: float = SETTLE_S) -> tuple[dict[str, dict[str, Any]], dict[str, dict[str, Any]]]:
+    """The JAX engine (after its warm-up compile) and each vLLM server asked for (`vllm`: unpinned, `vllm_pinned`:
+    on `vllm_cpus`; max-num-seqs = slots, float32, eager unless `vllm_compile`), all started first, then served
+    round by round (`measure_engines`): each one's throughput figures and weight-sync figures; always stopped."""
     config = load_hf(model_dir).config
     args = ["--dtype", "float32", "--max-model-len", str(max_len), "--max-num-seqs", str(slots)]
-    if not compile_graphs:
+    if not vllm_compile:
         args.append("--enforce-eager")
-    start = time.perf_counter()
-    with VLLMFleet.launch(model_dir, 1, config, extra_args=args, extra_env=VLLM_ENV, cpus=cpus) as fleet:
-        startup_s = time.perf_counter() - start
-        engine = fleet.engines[0]
-
-        async def measure() -> tuple[list[tuple[int, float]], list[float], list[Any]]:
-            try:
-                await engine.generate(mixes[0].prompts[0], mixes[0].sampling(0))
-                served, latencies = await serve_rounds_polled(engine, mixes)
-                timings = await measure_weight_sync(fleet, params, repeats=sync_repeats)
-                return served, latencies, timings
-            finally:
-                await fleet.aclose()
-
-        served, latencies, timings = asyncio.run(measure())
-    sync = sync_figures(timings[0].megabytes, [t.seconds for t in timings])
-    sync["write_s"] = [t.write_s for t in timings]
-    sync["load_s"] = [t.load_s for t in timings]
-    return rounds_throughput(served, startup_s=startup_s, slots=slots, max_len=max_len,
-                             enforce_eager=not compile_graphs, cpus=None if cpus is None else list(cpus),
-                             metrics_polls=len(latencies), metrics_latency_p50_s=statistics.median(latencies),
-                             metrics_latency_max_s=max(latencies)), sync
+    served_engines: dict[str, GenerationEngine] = {}
+    fleets: dict[str, VLLMFleet] = {}
+    setup: dict[str, dict[str, Any]] = {}
+    with contextlib.ExitStack() as stack:
+        if "jax" in engines:
+            start = time.perf_counter()
+            jax_engine = JaxEngine.from_hf(model_dir, slots=slots, max_len=max_len)
+            stack.callback(jax_engine.close)
+            jax_engine.wait_ready()
+            served_engines["jax"] = jax_engine
+            setup["jax"] = {"warmup_s": time.perf_counter() - start, "slots": slots, "max_len": max_len,
+                            "prefill_buckets": list(jax_engine.buckets), "decode_steps": jax_engine.decode_steps}
+        for name, cpus in (("vllm", None), ("vllm_pinned", vllm_cpus)):
+            if name in engines:
+                start = time.perf_counter()
+                fleets[name] = stack.enter_context(VLLMFleet.launch(model_dir, 1, config, extra_args=args,
+                                                                    extra_env=VLLM_ENV, cpus=cpus))
+                served_engines[name] = fleets[name].engines[0]
+                setup[name] = {"startup_s": time.perf_counter() - start, "slots": slots, "max_len": max_len,
+                               "enforce_eager": not vllm_compile, "cpus": None if cpus is None else list(cpus)}
+        if not served_engines:
+            return {}, {}
+        served, latencies, timings = asyncio.run(measure_engines(served_engines, fleets, mixes, params,
+                                                                 sync_repeats, settle_s))
+        if "jax" in served_engines:
+            setup["jax"]["compiled_programs"] = served_engines["jax"].compiled_programs()
+    results, sync = {}, {}
+    for name in served_engines:
+        polls = {"metrics_polls": len(latencies[name]), "metrics_latency_p50_s": statistics.median(latencies[name]),
+                 "metrics_latency_max_s": max(latencies[name])} if name in fleets else {}
+        results[name] = rounds_throughput(served[name], **setup[name], **polls)
+        sync[name] = (vllm_sync_figures(timings[name]) if name in fleets
+                      else sync_figures(params_megabytes(params), timings[name]))
+    return results, sync
 
 
 def bench_transformers(model_dir: Path, mix: RequestMix, batch: int, threads: int | None = None,
@@ -537,9 +587,9 @@ def progress(name: str, figures: dict[str, Any]) -> None:
 
 def run_benchmark(model_dir: Path, engines: Sequence[str], mixes: Sequence[RequestMix], slots: int, max_len: int,
                   sync_repeats: int = 3, vllm_compile: bool = False, torch_threads: int | None = None,
-                  vllm_cpus: Sequence[int] = (0,)) -> dict[str, Any]:
-    """Every figure of the benchmark as one JSON-able dict (engines run one after another, never together; the JAX
-    engine and vLLM serve a round of each of `mixes`, transformers, the slow baseline, the first)."""
+                  vllm_cpus: Sequence[int] = (0,), settle_s: float = SETTLE_S) -> dict[str, Any]:
+    """Every figure of the benchmark as one JSON-able dict (one engine serves at a time: the JAX engine and vLLM
+    serve a round of each of `mixes` in turn, transformers, the slow baseline, the first mix after them)."""
     unknown = sorted(set(engines) - set(ENGINES))
     if unknown or not engines:
         raise ValueError(f"unknown or no engines {unknown or list(engines)}; choose from {ENGINES}")
@@ -549,16 +599,10 @@ def run_benchmark(model_dir: Path, engines: Sequence[str], mixes: Sequence[Reque
     for mix in mixes:
         check_fits(mix, max_len)
     model = load_hf(model_dir)
-    results: dict[str, dict[str, Any]] = {}
-    sync: dict[str, dict[str, Any]] = {}
-    if "jax" in engines:
-        results["jax"], sync["jax"] = bench_jax(model_dir, model.params, mixes, slots, max_len, sync_repeats)
-        progress("jax", results["jax"])
-    for name, cpus in (("vllm", None), ("vllm_pinned", vllm_cpus)):
-        if name in engines:
-            results[name], sync[name] = bench_vllm(model_dir, model.params, mixes, slots, max_len, sync_repeats,
-                                                   vllm_compile, cpus)
-            progress(name, results[name])
+    results, sync = bench_served(model_dir, model.params, engines, mixes, slots, max_len, sync_repeats, vllm_compile,
+                                 vllm_cpus, settle_s)
+    for name, figures in results.items():
+        progress(name, figures)
     if "transformers" in engines:  # last: torch's thread pool stays in this process and slowed the JAX engine after
         # it (2026-12-04: 1,919 tokens/s after transformers, 2,376-2,772 without it; vLLM serves from its own process)
         results["transformers"] = bench_transformers(model_dir, mixes[0], slots, torch_threads)
@@ -572,6 +616,8 @@ def run_benchmark(model_dir: Path, engines: Sequence[str], mixes: Sequence[Reque
                         "requested_tokens": mix.requested_tokens, "rounds": len(mixes)},
         "throughput": with_ratios(results),
         "jax_ratios": jax_ratios(results),
+        "jax_round_ratios": jax_round_ratios(results),
+        "settle_s": settle_s,
         "weight_sync": sync,
         "environment": environment(),
     }
@@ -602,8 +648,10 @@ def format_report(result: dict[str, Any]) -> str:
         lines += ["", "tokens/s by round (the table: the median round): " + "; ".join(
             f"{name} " + " / ".join(f"{rate:,.0f}" for rate in rates) for name, rates in rounds.items())]
     if result["jax_ratios"]:
-        lines += ["", "JAX engine over vLLM: " + "; ".join(
-            f"{name.removeprefix('jax_vs_')} {ratio:.2f}x" for name, ratio in result["jax_ratios"].items())]
+        lines += ["", "JAX engine over vLLM (median rounds; by round): " + "; ".join(
+            f"{name.removeprefix('jax_vs_')} {ratio:.2f}x ("
+            + " / ".join(f"{paired:.2f}" for paired in result["jax_round_ratios"][name]) + ")"
+            for name, ratio in result["jax_ratios"].items())]
     if result["weight_sync"]:
         lines += ["", "weight sync (median): " + "; ".join(
             f"{name} {figures['median_s'] * 1e3:.1f} ms for {figures['megabytes']:.1f} MB = "
@@ -635,6 +683,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--rounds", type=int, default=5,
                         help="mixes the JAX engine and vLLM each serve, seeds --seed, --seed + 1, ... (their median "
                              "round counts; transformers serves the first)")
+    parser.add_argument("--settle_s", type=float, default=SETTLE_S,
+                        help="seconds of quiet before each engine's round (an idle vllm-cpu server spins ~1 s)")
     parser.add_argument("--seed", type=int, default=0, help="model init (when built) and request mix")
     parser.add_argument("--vllm_compile", action="store_true", help="let vLLM compile (slow start) instead of eager")
     parser.add_argument("--torch_threads", type=int, help="transformers' torch threads (default: probe 1 vs all)")
@@ -675,7 +725,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
                              args.seed + round_index) for round_index in range(args.rounds)]
         result = run_benchmark(model_dir, engines, mixes, args.slots, args.max_len, args.sync_repeats,
                                args.vllm_compile, args.torch_threads,
-                               [int(cpu) for cpu in args.vllm_cpus.split(",")])
+                               [int(cpu) for cpu in args.vllm_cpus.split(",")], args.settle_s)
     print(format_report(result))
     if args.json_path:
         Path(args.json_path).write_text(json.dumps(result, indent=2) + "\n")

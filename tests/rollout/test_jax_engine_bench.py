@@ -1,14 +1,17 @@
-"""experiments/bench/engine.py: the request mix, ratio and sync arithmetic by hand, and a real run of the JAX engine
-against transformers' generate on a one-layer model that writes every figure to JSON (vLLM is left to the full
-benchmark: its server start alone takes minutes here; tests/rollout/test_vllm_fleet.py covers the fleet); the
-rollout mode's scripted demo trajectories, and a real run of it (with and without turn reuse) on a one-layer model."""
+"""experiments/bench/engine.py: the request mix, ratio and sync arithmetic by hand, the engines' turns round by
+round, and a real run of the JAX engine against transformers' generate on a one-layer model that writes every figure
+to JSON (vLLM is left to the full benchmark: its server start alone takes minutes here;
+tests/rollout/test_vllm_fleet.py covers the fleet); the rollout mode's scripted demo trajectories, and a real run of
+it (with and without turn reuse) on a one-layer model."""
 
+import asyncio
 import json
 
 import gin
 import pytest
 
 from experiments.bench import engine as bench
+from rstar_jax.rollout.engine import FINISH_LENGTH, EngineCapacity, Generation
 from rstar_jax.tokenizers import load_tokenizer
 
 
@@ -59,6 +62,43 @@ def test_rounds_count_at_their_median_and_the_jax_engine_is_compared_with_each_v
     assert bench.jax_ratios({"vllm": results["vllm"]}) == {}
 
 
+class LoggedEngine:
+    """Answers every request at once with its max_new_tokens tokens, and logs which mix it served (by first prompt)
+    and how often its capacity was read: the bench's scheduling, without a model."""
+
+    def __init__(self, name: str, log: list[tuple[str, int]]) -> None:
+        self.name, self.log, self.reads = name, log, 0
+
+    async def generate(self, prompt_ids, sampling) -> Generation:
+        if sampling.seed == 0:  # a mix's first request
+            self.log.append((self.name, prompt_ids[0]))
+        await asyncio.sleep(0.02)
+        return Generation((1,) * sampling.max_new_tokens, (0.0,) * sampling.max_new_tokens, FINISH_LENGTH)
+
+    async def capacity(self) -> EngineCapacity:
+        self.reads += 1
+        return EngineCapacity(100, 0, 0, 0)
+
+
+def test_engines_take_turns_round_by_round_and_only_the_polled_are_polled():
+    """Round r serves mix r on every engine before round r + 1 starts, the first engine rotating, so a slow spell of
+    the machine falls on every engine's rounds alike."""
+    mixes = [bench.RequestMix(((10 * index + 2, 3),), new_tokens=4) for index in range(4)]
+    log: list[tuple[str, int]] = []
+    engines = {name: LoggedEngine(name, log) for name in ("jax", "vllm", "vllm_pinned")}
+    served, latencies = asyncio.run(bench.serve_interleaved(engines, mixes, polled={"vllm"}, every_s=0.005,
+                                                             settle_s=0.0))
+    assert log == [("jax", 2), ("vllm", 2), ("vllm_pinned", 2), ("vllm", 12), ("vllm_pinned", 12), ("jax", 12),
+                   ("vllm_pinned", 22), ("jax", 22), ("vllm", 22), ("jax", 32), ("vllm", 32), ("vllm_pinned", 32)]
+    assert all(tokens == 4 and seconds > 0 for rounds in served.values() for tokens, seconds in rounds)
+    assert [len(rounds) for rounds in served.values()] == [4, 4, 4]
+    assert set(latencies) == {"vllm"} and len(latencies["vllm"]) == engines["vllm"].reads >= 4
+    assert engines["jax"].reads == engines["vllm_pinned"].reads == 0
+    results = {name: bench.rounds_throughput([(4, 1.0), (4, 2.0)]) for name in ("jax", "vllm")}
+    results["jax"] = bench.rounds_throughput([(4, 0.5), (4, 0.5)])
+    assert bench.jax_round_ratios(results) == {"jax_vs_vllm": [2.0, 4.0]}
+
+
 def test_unknown_engines_are_rejected(tmp_path):
     with pytest.raises(ValueError, match="unknown or no engines \\['sglang'\\]"):
         bench.run_benchmark(tmp_path, ["jax", "sglang"], [bench.request_mix(1, 2, 2, 2, 10)], slots=2, max_len=8)
@@ -74,7 +114,7 @@ def test_jax_and_transformers_run_writes_every_figure(tmp_path, clean_gin):
                 "ModelConfig.vocab_size = 128"]
     result = bench.main(["--engines", "jax,transformers", "--requests", "3", "--min_prompt", "2", "--max_prompt",
                          "9", "--new_tokens", "5", "--slots", "2", "--max_len", "16", "--sync_repeats", "2",
-                         "--rounds", "3",
+                         "--rounds", "3", "--settle_s", "0",
                          *[arg for binding in bindings for arg in ("--gin_param", binding)], "--json", str(out)])
     assert json.loads(out.read_text()) == result
     assert result["model"]["num_hidden_layers"] == 1 and result["model"]["vocab_size"] == 128
