@@ -42,6 +42,19 @@ def nucleus_mask(scaled_logits: jax.Array, top_p: jax.Array) -> jax.Array:
     return jnp.zeros(scaled_logits.shape, bool).at[rows, order].set(keep_sorted)
 
 
+def first_argmax(values: jax.Array) -> jax.Array:
+    """The index of each row's largest value, the first if tied: `jnp.argmax(values, axis=-1)` for rows without NaN
+    (a row of NaN gives its last index, never one out of range).
+
+    A max and then a min over the indices that reach it: two reductions XLA:CPU vectorises, where argmax's single
+    (value, index) reduction is not; over [16, 2,048] logits 0.08 against 0.21 ms a call, and the engine samples
+    one such row block every decode step."""
+    size = values.shape[-1]
+    largest = jnp.max(values, axis=-1, keepdims=True)
+    first = jnp.min(jnp.where(values == largest, jnp.arange(size), size), axis=-1)
+    return jnp.minimum(first, size - 1)
+
+
 def sample_tokens(logits: jax.Array, temperature: jax.Array, top_p: jax.Array, seeds: jax.Array,
                   positions: jax.Array) -> tuple[jax.Array, jax.Array]:
     """Sample one token per row; returns (token ids [B] int32, their temperature-1 log-probs [B] float32).
@@ -56,7 +69,8 @@ def sample_tokens(logits: jax.Array, temperature: jax.Array, top_p: jax.Array, s
     scaled = jax.lax.cond(jnp.all(top_p >= 1.0), lambda s: s,
                           lambda s: jnp.where(nucleus_mask(s, top_p), s, -jnp.inf), scaled)
     keys = jax.vmap(request_key)(seeds, positions)
-    sampled = jax.vmap(jax.random.categorical)(keys, scaled)
-    tokens = jnp.where(greedy, jnp.argmax(logits, axis=-1), sampled).astype(jnp.int32)
+    noise = jax.vmap(lambda key: jax.random.gumbel(key, scaled.shape[-1:], scaled.dtype))(keys)
+    sampled = first_argmax(scaled + noise)  # jax.random.categorical's Gumbel-max, token for token
+    tokens = jnp.where(greedy, first_argmax(logits), sampled).astype(jnp.int32)
     logprobs = jnp.take_along_axis(jax.nn.log_softmax(logits, axis=-1), tokens[:, None], axis=-1)[:, 0]
     return tokens, logprobs

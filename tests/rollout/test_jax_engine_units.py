@@ -14,7 +14,7 @@ import pytest
 from rstar_jax.rollout.engine import SamplingParams
 from rstar_jax.rollout.jax_engine_slots import CacheMemo, Request, SlotTable, Start, common_prefix
 from rstar_jax.rollout.jax_engine_steps import bucket_for, check_buckets, power_of_two_buckets, suffix_chunks
-from rstar_jax.rollout.sampling import nucleus_mask, sample_tokens, seed_words
+from rstar_jax.rollout.sampling import first_argmax, nucleus_mask, request_key, sample_tokens, seed_words
 
 PROBS = np.array([0.5, 0.3, 0.15, 0.05])
 LOGITS = np.log(PROBS).astype(np.float32)
@@ -98,6 +98,22 @@ def test_a_rows_sample_depends_on_its_seed_and_position_only():
         assert int(alone[0]) == int(batched[row])
     different_seed, _ = draw(1.0, 1.0, seed=4, draws=200)
     assert not np.array_equal(different_seed, draw(1.0, 1.0, seed=3, draws=200)[0])
+
+
+def test_the_sampled_tokens_are_jax_random_categoricals_token_for_token():
+    """The sampler's Gumbel-max with its vectorised argmax draws exactly what `jax.random.categorical` draws from
+    the same keys (the engine's tokens did not change with it), ties and masked tokens included."""
+    rng = np.random.default_rng(2)
+    logits = rng.normal(size=(64, 300)).astype(np.float32)
+    logits[:8, :40] = -np.inf  # a nucleus mask
+    logits[8:16] = np.round(logits[8:16])  # ties
+    seeds = np.array([seed_words(s) for s in rng.integers(0, 1 << 40, 64)])
+    positions = rng.integers(0, 900, 64).astype(np.int32)
+    tokens, _ = jax.jit(sample_tokens)(logits, np.ones(64, np.float32), np.ones(64, np.float32), seeds, positions)
+    keys = jax.vmap(request_key)(seeds, positions)
+    np.testing.assert_array_equal(tokens, jax.vmap(jax.random.categorical)(keys, logits))
+    np.testing.assert_array_equal(first_argmax(logits[8:16]), np.argmax(logits[8:16], axis=-1))
+    assert int(first_argmax(jnp.full((1, 5), jnp.nan))[0]) == 4
 
 
 def test_buckets_cover_every_admissible_prompt():
