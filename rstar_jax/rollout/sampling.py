@@ -44,7 +44,7 @@ def nucleus_mask(scaled_logits: jax.Array, top_p: jax.Array) -> jax.Array:
 
 def first_argmax(values: jax.Array) -> jax.Array:
     """The index of each row's largest value, the first if tied: `jnp.argmax(values, axis=-1)` for rows without NaN
-    (a row of NaN gives its last index, never one out of range).
+    (a row holding a NaN gives its last index: never one out of range).
 
     A max and then a min over the indices that reach it: two reductions XLA:CPU vectorises, where argmax's single
     (value, index) reduction is not; over [16, 2,048] logits 0.08 against 0.21 ms a call, and the engine samples
