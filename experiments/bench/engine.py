@@ -71,7 +71,7 @@ from rstar_jax.agent.tool_protocol import FixedOutcome
 from rstar_jax.agent.trajectory import TrajectoryBuilder
 from rstar_jax.data.synthetic import synthetic_problems
 from rstar_jax.gin_setup import parse_gin
-from rstar_jax.model import load_hf
+from rstar_jax.model import CausalLM, load_hf
 from rstar_jax.model.lm import Params
 from rstar_jax.rollout.balancer import Balancer
 from rstar_jax.rollout.engine import Generation, GenerationEngine, RoutingKey, SamplingParams
@@ -272,13 +272,14 @@ def vllm_sync_figures(timings: Sequence[Any]) -> dict[str, Any]:
             "write_s": [t.write_s for t in timings], "load_s": [t.load_s for t in timings]}
 
 
-def bench_served(model_dir: Path, params: Params, engines: Sequence[str], mixes: Sequence[RequestMix], slots: int,
+def bench_served(model_dir: Path, model: CausalLM, engines: Sequence[str], mixes: Sequence[RequestMix], slots: int,
                  max_len: int, sync_repeats: int, vllm_compile: bool, vllm_cpus: Sequence[int],
                  settle_s: float = SETTLE_S) -> tuple[dict[str, dict[str, Any]], dict[str, dict[str, Any]]]:
     """The JAX engine (after its warm-up compile) and each vLLM server asked for (`vllm`: unpinned, `vllm_pinned`:
     on `vllm_cpus`; max-num-seqs = slots, float32, eager unless `vllm_compile`), all started first, then served
-    round by round (`measure_engines`): each one's throughput figures and weight-sync figures; always stopped."""
-    config = load_hf(model_dir).config
+    round by round (`measure_engines`): each one's throughput figures and weight-sync figures; always stopped.
+    `model` is the folder's, read once by the caller: its config for the servers, its parameters to sync."""
+    config, params = model.config, model.params
     args = ["--dtype", "float32", "--max-model-len", str(max_len), "--max-num-seqs", str(slots)]
     if not vllm_compile:
         args.append("--enforce-eager")
@@ -600,7 +601,7 @@ def run_benchmark(model_dir: Path, engines: Sequence[str], mixes: Sequence[Reque
     for mix in mixes:
         check_fits(mix, max_len)
     model = load_hf(model_dir)
-    results, sync = bench_served(model_dir, model.params, engines, mixes, slots, max_len, sync_repeats, vllm_compile,
+    results, sync = bench_served(model_dir, model, engines, mixes, slots, max_len, sync_repeats, vllm_compile,
                                  vllm_cpus, settle_s)
     for name, figures in results.items():
         progress(name, figures)
