@@ -21,6 +21,9 @@ from typing import Any, Callable, Mapping, Sequence
 
 # The bindings `python -m experiments.demo --seed N` sets: they differ between seeds of one configuration.
 SEED_PARAMETERS = ("train_sft.model_seed", "train_sft.data_seed", "RLSettings.seed")
+# Bindings that lay the same computation out differently (rows per micro-batch, rows shared by trajectories, log-probs
+# in chunks): they change float rounding only, as another machine does, so a run under them is still the range's.
+LAYOUT_PARAMETERS = ("RLSettings.micro_batch_rows", "RLSettings.pack_length", "RLSettings.logprob_chunk")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -121,9 +124,10 @@ RULES: tuple[tuple[Callable[[Reading], bool], str], ...] = (
 
 
 def config_fingerprint(bound_config: str) -> str:
-    """A short hash of a bound gin config (OUT/bound_config.gin, `gin.config_str()`) without the SEED_PARAMETERS
-    bindings: equal for every seed of one configuration, different when any other binding differs."""
-    kept = [line for line in bound_config.splitlines() if line.split("=", 1)[0].strip() not in SEED_PARAMETERS]
+    """A short hash of a bound gin config (OUT/bound_config.gin, `gin.config_str()`) without the SEED_PARAMETERS and
+    LAYOUT_PARAMETERS bindings: equal for every seed of one configuration, different when any other binding differs."""
+    ignored = SEED_PARAMETERS + LAYOUT_PARAMETERS
+    kept = [line for line in bound_config.splitlines() if line.split("=", 1)[0].strip() not in ignored]
     return hashlib.sha256("\n".join(kept).encode()).hexdigest()[:16]
 
 

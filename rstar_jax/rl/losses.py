@@ -24,13 +24,14 @@ KL_ESTIMATORS = ("k1", "k3")
 
 
 def loss_weights(loss_mask: jax.Array, normalization: str = "token_mean", total_tokens: jax.Array | None = None,
-                 total_sequences: jax.Array | None = None) -> jax.Array:
+                 total_sequences: jax.Array | None = None, segment_ids: jax.Array | None = None) -> jax.Array:
     """Per-token weights [B, T] whose weighted sum of per-token values is the normalised loss.
 
     "token_mean" (SPEC 4.6): every unmasked token of the batch counts once, so the loss is the sum over response
     tokens divided by their count. "sequence_mean": each sequence's token mean, averaged over sequences with at
-    least one unmasked token. `total_tokens` / `total_sequences` are the whole batch's counts when this is one
-    micro-batch of it (default: this batch's own).
+    least one unmasked token; a sequence is a row, or with `segment_ids` [B, T] (packed rows, `model.segments`) a
+    row's segment. `total_tokens` / `total_sequences` are the whole batch's counts when this is one micro-batch of it
+    (default: this batch's own).
     """
     if normalization not in NORMALIZATIONS:
         raise ValueError(f"unknown loss normalization {normalization!r}; choose from {NORMALIZATIONS}")
@@ -38,9 +39,20 @@ def loss_weights(loss_mask: jax.Array, normalization: str = "token_mean", total_
     if normalization == "token_mean":
         count = jnp.sum(mask) if total_tokens is None else jnp.asarray(total_tokens, jnp.float32)
         return mask / jnp.maximum(count, 1.0)
-    lengths = jnp.sum(mask, axis=-1, keepdims=True)
-    sequences = jnp.sum(lengths > 0) if total_sequences is None else jnp.asarray(total_sequences, jnp.float32)
+    lengths = jnp.sum(mask, axis=-1, keepdims=True) if segment_ids is None else _segment_lengths(mask, segment_ids)
+    if total_sequences is None:
+        sequences = jnp.round(jnp.sum(jnp.where(mask > 0, 1.0 / jnp.maximum(lengths, 1.0), 0.0)))  # each adds 1
+    else:
+        sequences = jnp.asarray(total_sequences, jnp.float32)
     return mask / jnp.maximum(lengths, 1.0) / jnp.maximum(sequences, 1.0)
+
+
+def _segment_lengths(mask: jax.Array, segment_ids: jax.Array) -> jax.Array:
+    """[B, T]: each token's segment's count of unmasked tokens (its row's segment, by id)."""
+    batch, length = mask.shape
+    ids = segment_ids.astype(jnp.int32) + (jnp.arange(batch, dtype=jnp.int32) * (length + 1))[:, None]
+    totals = jax.ops.segment_sum(mask.reshape(-1), ids.reshape(-1), num_segments=batch * (length + 1))
+    return totals[ids]
 
 
 def masked_token_mean(values: jax.Array, loss_mask: jax.Array) -> jax.Array:
@@ -97,11 +109,13 @@ def policy_loss(logprobs: jax.Array, old_logprobs: jax.Array, advantages: jax.Ar
                 normalization: str = "token_mean", kl_coef: float = 0.0, kl_estimator: str = "k3",
                 ref_logprobs: jax.Array | None = None, entropy_coef: float = 0.0, entropy: jax.Array | None = None,
                 total_tokens: jax.Array | None = None, total_sequences: jax.Array | None = None,
+                segment_ids: jax.Array | None = None,
                 with_metrics: bool = False) -> jax.Array | tuple[jax.Array, dict[str, jax.Array]]:
     """The GRPO-RoC policy loss (SPEC 4.6): clipped surrogate with Clip-Higher, token-mean over the batch.
 
     logprobs / old_logprobs / loss_mask [B, T]: the current and the rollout policy's log p of each target token, and
-    1 on the model's own tokens (tool responses, prompt and padding 0); advantages [B], one per sequence. SPEC 4.6
+    1 on the model's own tokens (tool responses, prompt and padding 0); advantages [B], one per row, or [B, T], each
+    token's sequence's (packed rows; `segment_ids` then tells "sequence_mean" their sequences). SPEC 4.6
     has no KL and no entropy term: `kl_coef` (with `ref_logprobs` [B, T] and `kl_estimator`) and `entropy_coef`
     (with per-token `entropy` [B, T], subtracted as a bonus) are gin options, off by default. `normalization`
     "sequence_mean" averages each sequence's tokens first. With `total_tokens` / `total_sequences` the batch is one
@@ -111,16 +125,17 @@ def policy_loss(logprobs: jax.Array, old_logprobs: jax.Array, advantages: jax.Ar
     if logprobs.shape != old_logprobs.shape or logprobs.shape != loss_mask.shape:
         raise ValueError(f"logprobs {logprobs.shape}, old_logprobs {old_logprobs.shape} and loss_mask "
                          f"{loss_mask.shape} must share one [B, T] shape")
-    if advantages.shape != logprobs.shape[:1]:
-        raise ValueError(f"advantages must be [B] = {logprobs.shape[:1]}, got {advantages.shape}")
+    if advantages.shape not in (logprobs.shape[:1], logprobs.shape):
+        raise ValueError(f"advantages must be [B] = {logprobs.shape[:1]} or [B, T] = {logprobs.shape}, "
+                         f"got {advantages.shape}")
     if not 0 <= eps_low < 1 or eps_high < 0:
         raise ValueError(f"need 0 <= eps_low < 1 and eps_high >= 0, got {eps_low}, {eps_high}")
     if dual_clip is not None and dual_clip <= 1:
         raise ValueError(f"dual_clip must exceed 1 (verl uses 3.0), got {dual_clip}")
-    weights = loss_weights(loss_mask, normalization, total_tokens, total_sequences)
-    log_ratio = logprobs - old_logprobs
-    per_token, indicators = clipped_surrogate(log_ratio, advantages[:, None].astype(jnp.float32), eps_low, eps_high,
-                                              dual_clip)
+    weights = loss_weights(loss_mask, normalization, total_tokens, total_sequences, segment_ids)
+    per_token_advantages = advantages[:, None] if advantages.ndim == 1 else advantages
+    per_token, indicators = clipped_surrogate(logprobs - old_logprobs, per_token_advantages.astype(jnp.float32),
+                                              eps_low, eps_high, dual_clip)
     metrics = {"policy_loss": per_token, **indicators, "approx_kl": kl_penalty(logprobs, old_logprobs, "k3")}
     if kl_coef:
         if ref_logprobs is None:

@@ -229,7 +229,7 @@ def plan_dry_run(setup: RLSetup, device_count: int, config: ModelConfig, evaluat
     stages = []
     for stage in settings.stages:
         context = cluster.prompt_tokens + stage.max_response_tokens
-        padded = bucket_length(context, settings.pad_multiple)
+        padded = bucket_length(max(context, settings.pack_length or 0), settings.pad_multiple)  # a packed row's length
         dims = local_dims(config, mesh, settings.micro_batch_rows, padded)
         parts = activation_parts(config, dims, chunk)
         stages.append(LengthPlan(stage.name, stage.steps, stage.max_turns, context, padded, dims, parts,

@@ -36,11 +36,12 @@ class RLSettings:
     prompts_per_step: prompts a step (512); group_size: G, the rollouts trained on per prompt (16; RoC samples 2G);
     micro_batch_rows: rows of one learner micro-batch (memory, not maths: accumulation is exact); pad_multiple: rows
     are padded to a multiple of this many tokens (None: the next power of two; one multiple bounds the learner's
-    compiled shapes); logprob_chunk: positions per chunk of the fused log-prob head (memory, not maths);
-    updates_per_step: optimiser steps a step, on that many mini-batches (1); temperature: sampling (1.0); seed;
-    zero_variance: "drop" groups whose rewards are all equal (the release) or "refill" from the next prompts (DAPO),
-    at most `max_refill_rounds` extra rollout rounds; checkpoint_every: steps between checkpoints (the last step is
-    always saved); max_to_keep: checkpoints kept; verify_timeout_s: per answer.
+    compiled shapes); pack_length: trajectories share rows of this many tokens (first fit; None: one a row): the
+    same loss on fewer padded positions (`rl_batch.rl_micro_batches`); logprob_chunk: positions per chunk of the
+    fused log-prob head (memory, not maths); updates_per_step: optimiser steps a step, on that many mini-batches (1);
+    temperature: sampling (1.0); seed; zero_variance: "drop" groups whose rewards are all equal (the release) or
+    "refill" from the next prompts (DAPO), at most `max_refill_rounds` extra rollout rounds; checkpoint_every: steps
+    between checkpoints (the last step is always saved); max_to_keep: checkpoints kept; verify_timeout_s: per answer.
     """
 
     stages: tuple[Stage, ...] = ()
@@ -48,6 +49,7 @@ class RLSettings:
     group_size: int = 4
     micro_batch_rows: int = 8
     pad_multiple: int | None = None
+    pack_length: int | None = None
     logprob_chunk: int = 512
     updates_per_step: int = 1
     temperature: float = 1.0
@@ -68,6 +70,8 @@ class RLSettings:
         if self.zero_variance not in ZERO_VARIANCE_MODES:
             raise ValueError(f"RLSettings.zero_variance must be one of {ZERO_VARIANCE_MODES}, "
                              f"got {self.zero_variance!r}")
+        if self.pack_length is not None and self.pack_length < 2:
+            raise ValueError(f"RLSettings.pack_length must be >= 2 or None, got {self.pack_length}")
         if self.pad_multiple is not None and self.pad_multiple < 1:
             raise ValueError(f"RLSettings.pad_multiple must be >= 1 or None, got {self.pad_multiple}")
         if self.max_refill_rounds < 0:

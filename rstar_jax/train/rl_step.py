@@ -34,8 +34,7 @@ Metrics = dict[str, jax.Array]
 def rl_batch_shardings(mesh: Mesh, rows: int) -> RLBatch:
     """Shardings of an RLBatch of `rows` rows: rows over the data axes (when they divide), sequence whole."""
     per_token = activation_sharding(mesh, (rows, 1), "batch", "seq")
-    return RLBatch(batch_shardings(mesh, rows), activation_sharding(mesh, (rows,), "batch"), per_token, per_token,
-                   per_token)
+    return RLBatch(batch_shardings(mesh, rows), per_token, per_token, per_token, per_token)
 
 
 def _logprobs_and_entropy(params: Params, config: ModelConfig, batch: RLBatch, with_entropy: bool,
@@ -111,7 +110,7 @@ class RLLearner:
             normalization=options.normalization, kl_coef=options.kl_coef, kl_estimator=options.kl_estimator,
             ref_logprobs=jnp.asarray(batch.ref_logprobs) if options.needs_reference else None,
             entropy_coef=options.entropy_coef, entropy=entropy, total_tokens=totals[0], total_sequences=totals[1],
-            with_metrics=True)
+            segment_ids=jnp.asarray(batch.tokens.attention_mask), with_metrics=True)
         return loss, {"loss": loss, **metrics, **extra}
 
     def _micro_gradients(self, params: Params, batch: RLBatch, totals: jax.Array,

@@ -190,7 +190,8 @@ class RLTrainer:
         chunks = [chunk for chunk in np.array_split(order, settings.updates_per_step) if len(chunk)]
         pad_id = self.config.pad_token_id or 0
         return [rl_micro_batches([groups.samples[i].trajectory for i in chunk], groups.advantages[chunk],
-                                 settings.micro_batch_rows, pad_id, settings.pad_multiple) for chunk in chunks]
+                                 settings.micro_batch_rows, pad_id, settings.pad_multiple, settings.pack_length)
+                for chunk in chunks]
 
     def _shared(self, mini_batches: list[list[RLBatch]] | None, drawn: int) -> tuple[list[list[RLBatch]], int]:
         """The driver's mini-batches (none: no group had signal) and prompt batches drawn, on every process (a

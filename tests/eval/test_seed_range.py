@@ -19,8 +19,11 @@ def rule_lines(lines: list[str]) -> list[str]:
     return [line for line in lines if line.startswith("-> ")]
 
 
-def test_the_fingerprint_ignores_the_seed_bindings_but_no_other_binding():
+def test_the_fingerprint_ignores_the_seed_and_layout_bindings_but_no_other_binding():
     assert config_fingerprint(CONFIG.format(seed=0)) == config_fingerprint(CONFIG.format(seed=7))
+    layout = "RLSettings.micro_batch_rows = 2\nRLSettings.pack_length = 1024\nRLSettings.logprob_chunk = 128"
+    with_layout = CONFIG.format(seed=0).replace("RLSettings.group_size = 4", "RLSettings.group_size = 4\n" + layout)
+    assert with_layout != CONFIG.format(seed=0) and config_fingerprint(with_layout) == FINGERPRINT
     for old, new in (("train_sft.steps = 300", "train_sft.steps = 200"), ("HeldOutEval.seed = 12345",
                                                                         "HeldOutEval.seed = 1")):
         assert config_fingerprint(CONFIG.format(seed=0).replace(old, new)) != FINGERPRINT, new

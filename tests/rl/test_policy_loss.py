@@ -48,6 +48,22 @@ def test_sequence_mean_option_averages_each_sequence_first() -> None:
     assert float(loss) == pytest.approx(expected, abs=1e-6)
 
 
+def test_packed_sequences_keep_their_advantages_and_sequence_means() -> None:
+    """The same two sequences packed into one row of six tokens (segments 1 and 2; row 0's last token masked):
+    per-token advantages give the same surrogate, and segment ids give sequence_mean the same per-sequence means."""
+    packed = [jnp.concatenate([rows[0], rows[1]])[None] for rows in (LOGPROBS, OLD)]
+    advantages = jnp.array([[1.0, 1.0, 1.0, -2.0, -2.0, -2.0]])
+    mask = jnp.array([[1, 1, 0, 1, 1, 1]])
+    segments = jnp.array([[1, 1, 1, 2, 2, 2]])
+    token_mean = (ROW0[0] + ROW0[1] + sum(ROW1)) / 5
+    assert float(policy_loss(*packed, advantages, mask)) == pytest.approx(token_mean, abs=1e-6)
+    sequence_mean = ((ROW0[0] + ROW0[1]) / 2 + sum(ROW1) / 3) / 2
+    loss = policy_loss(*packed, advantages, mask, normalization="sequence_mean", segment_ids=segments)
+    assert float(loss) == pytest.approx(sequence_mean, abs=1e-6)
+    whole_row = policy_loss(*packed, advantages, mask, normalization="sequence_mean")  # one sequence of 5 tokens
+    assert float(whole_row) == pytest.approx(token_mean, abs=1e-6)
+
+
 def test_dual_clip_caps_a_negative_advantage_tokens_loss() -> None:
     loss, metrics = policy_loss(LOGPROBS, OLD, ADVANTAGES, jnp.ones((2, 3)), dual_clip=3.0, with_metrics=True)
     assert float(loss) == pytest.approx((sum(ROW0) + 2.0 + 1.6 + 6.0) / 6, abs=1e-6)

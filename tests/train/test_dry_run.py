@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from types import SimpleNamespace
 from typing import Callable, Iterator
 
 import gin
@@ -21,7 +22,7 @@ from rstar_jax.paths import REPO_ROOT
 from rstar_jax.rollout.kv_budget import (ServerShape, concurrent_sequences, flag_value, kv_budget_bytes,
                                          kv_bytes_per_token, server_shape)
 from rstar_jax.train.dry_run import GIB, DryRun, DryRunError
-from rstar_jax.train.batching import bucket_length
+from rstar_jax.train.rl_batch import rl_micro_batches
 from rstar_jax.train.rl_setup import rl_setup
 from rstar_jax.train.rl_trainer import RLTrainer
 from rstar_jax.parallel.plan import abstract_mesh
@@ -243,8 +244,12 @@ def test_the_dry_run_plans_the_trainers_own_setup(tmp_path) -> None:
     assert trainer.mesh.shape == plan.mesh_shape == {"data": 1, "fsdp": 8, "tensor": 1}
     assert (plan.state.params, plan.state.optimizer) == (bytes_on(state.params), bytes_on(state.opt_state))
     assert plan.chunk == trainer.learner.chunk == 128
+    settings = trainer.settings
     for stage, planned in zip(setup.settings.stages, plan.stages):
-        assert planned.padded == bucket_length(planned.context, trainer.settings.pad_multiple)
-        assert planned.padded % 256 == 0  # the demo's RLSettings.pad_multiple
+        tokens = planned.context + 1  # the longest trajectory the stage allows, as the trainer would batch it
+        longest = SimpleNamespace(token_ids=(1,) * tokens, loss_mask=(1,) * tokens, rollout_logprobs=(0.0,) * tokens)
+        rows = rl_micro_batches([longest], [1.0], settings.micro_batch_rows, 0, settings.pad_multiple,
+                                settings.pack_length)
+        assert (planned.dims.rows, planned.padded) == rows[0].shape == (2, 1024)  # the demo's packed rows
     assert plan.total_rollouts == setup.settings.prompts_per_step * trainer.selector.rollouts_per_prompt(
         setup.settings.group_size)

@@ -101,7 +101,7 @@ def _surrogate(log_ratio: np.ndarray, advantages: np.ndarray, eps_low: float, ep
                dual_clip: float | None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """PPO's per-token loss with Clip-Higher and the dual clip (verl's compute_policy_loss), with 0/1 indicators of
     the clip range winning and of the dual clip capping."""
-    ratio, a = np.exp(log_ratio), advantages[:, None]
+    ratio, a = np.exp(log_ratio), advantages  # [B, T]: each token's sequence's
     plain, clipped = -ratio * a, -np.clip(ratio, 1.0 - eps_low, 1.0 + eps_high) * a
     loss = np.maximum(plain, clipped)
     clip_won = (clipped > plain).astype(np.float64)
@@ -147,11 +147,12 @@ def test_micro_batches_hold_every_rollout_once_sorted_and_bucketed() -> None:
     assert batch_totals(batches) == (sum(sum(r.loss_mask[1:]) for r in ROLLOUTS), 12)
     lengths = [int(np.asarray(b.tokens.attention_mask).sum(1).max()) for b in batches]
     assert lengths == sorted(lengths, reverse=True)
-    assert np.isclose(sum(np.asarray(b.advantages).sum() for b in batches), ADVANTAGES.sum(), atol=1e-5)
     empty = batches[-1]
     assert np.asarray(empty.loss_mask)[2:].sum() == 0 and np.all(np.asarray(empty.tokens.attention_mask)[2:, 0] == 1)
     longest = max(range(12), key=lambda i: len(ROLLOUTS[i].token_ids))  # row 0 of the first micro-batch
-    assert np.asarray(batches[0].advantages)[0] == np.float32(ADVANTAGES[longest])
+    advantages = np.asarray(batches[0].advantages)[0]
+    assert np.all(advantages[:len(ROLLOUTS[longest].token_ids) - 1] == np.float32(ADVANTAGES[longest]))
+    assert np.all(advantages[len(ROLLOUTS[longest].token_ids) - 1:] == 0.0)  # padding carries none
     # targets carry the rollout log-prob of the token they predict
     np.testing.assert_allclose(np.asarray(batches[0].rollout_logprobs)[0, :len(ROLLOUTS[longest].token_ids) - 1],
                                ROLLOUTS[longest].rollout_logprobs[1:], rtol=1e-6)
@@ -204,6 +205,73 @@ def test_gradient_accumulation_equals_one_big_batch() -> None:
             assert metrics[name] == pytest.approx(reference_metrics[name], rel=1e-5, abs=1e-7), name
         for a, b in zip(jax.tree.leaves(params), jax.tree.leaves(reference_params)):
             np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_packed_micro_batches_hold_every_rollout_once_in_its_own_segment() -> None:
+    """Packed rows: each rollout's tokens, targets, loss mask, rollout log-probs and advantage appear once, laid out
+    as its own segment (attention-mask id 1, 2, ... within a row); fewer rows than rollouts; the same totals."""
+    batches = rl_micro_batches(ROLLOUTS, ADVANTAGES, rows=2, pack_length=128)
+    assert {b.shape for b in batches} == {(2, 128)}
+    assert batch_totals(batches) == batch_totals(rl_micro_batches(ROLLOUTS, ADVANTAGES, rows=5))
+    found = []
+    for batch in batches:
+        segments = np.asarray(batch.tokens.attention_mask)
+        for row in range(2):
+            if not np.asarray(batch.loss_mask)[row].any():
+                continue  # the last micro-batch's filler row
+            ids = [k for k in np.unique(segments[row]) if k > 0]
+            assert ids == list(range(1, len(ids) + 1))
+            for k in ids:
+                where = segments[row] == k
+                assert np.all(np.diff(np.flatnonzero(where)) == 1)  # contiguous
+                tokens = np.asarray(batch.tokens.input_ids)[row][where]
+                target = np.asarray(batch.tokens.targets)[row][where]
+                found.append((tuple(tokens) + (int(target[-1]),), np.asarray(batch.loss_mask)[row][where],
+                              np.asarray(batch.rollout_logprobs)[row][where], np.asarray(batch.advantages)[row][where]))
+    assert len(found) == 12 and sum(b.shape[0] for b in batches) < 12  # rows shared
+    by_tokens = {f[0]: f for f in found}
+    for rollout, advantage in zip(ROLLOUTS, ADVANTAGES):
+        _, mask, logprobs, advantages = by_tokens[rollout.token_ids]
+        np.testing.assert_array_equal(mask, rollout.loss_mask[1:])
+        np.testing.assert_allclose(logprobs, rollout.rollout_logprobs[1:], rtol=1e-6)
+        assert np.all(advantages == np.float32(advantage))
+    with pytest.raises(ValueError, match="pack length"):
+        rl_micro_batches(ROLLOUTS, ADVANTAGES, rows=2, pack_length=1)
+
+
+def _position_free(batches, scale: float = 1.5):
+    """Old log-probs off the current policy by a function of each token and its target only, so a rollout gets the
+    same perturbation wherever packing puts it."""
+    def shifted(batch):
+        ids, targets = np.asarray(batch.tokens.input_ids), np.asarray(batch.tokens.targets)
+        offsets = scale * np.sin(7.0 * ids + 3.0 * targets).astype(np.float32)
+        return batch.replace(old_logprobs=np.asarray(batch.old_logprobs) + offsets)
+    return [shifted(batch) for batch in batches]
+
+
+PACKED_LOSSES = [PolicyLossOptions(dual_clip=3.0), PolicyLossOptions(normalization="sequence_mean")]
+
+
+@pytest.mark.parametrize("options", PACKED_LOSSES, ids=["token-mean", "sequence-mean"])
+def test_a_packed_update_equals_the_update_with_a_row_per_rollout(options: PolicyLossOptions) -> None:
+    """Packing changes where a rollout's tokens sit, not the loss: attention stays within each rollout, RoPE restarts,
+    each token keeps its advantage and the normalisers count the same tokens and sequences, so the loss, every
+    metric and the new parameters equal those of one rollout a row."""
+    mesh = make_mesh(devices=jax.devices()[:1])
+    outcomes = {}
+    for packed in (False, True):
+        state, learner = _learner(mesh, rows=2 if packed else 5, options=options)
+        micro = rl_micro_batches(ROLLOUTS, ADVANTAGES, 2, pack_length=128) if packed else \
+            rl_micro_batches(ROLLOUTS, ADVANTAGES, 5)
+        batches = _position_free(learner.with_policy_logprobs(state.params, micro))
+        new_state, metrics = learner.update(state, batches)
+        outcomes[packed] = (jax.device_get(new_state.params), metrics)
+    (rows_params, rows_metrics), (packed_params, packed_metrics) = outcomes[False], outcomes[True]
+    assert rows_metrics["clipped_fraction"] > 0.05
+    for name in ("loss", "policy_loss", "grad_norm", "trained_tokens", "sequences", "clipped_fraction", "approx_kl"):
+        assert packed_metrics[name] == pytest.approx(rows_metrics[name], rel=1e-5, abs=1e-7), name
+    for a, b in zip(jax.tree.leaves(packed_params), jax.tree.leaves(rows_params)):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
 
 
 def test_the_rollout_vs_learner_gap_is_zero_for_the_learners_own_logprobs() -> None:
