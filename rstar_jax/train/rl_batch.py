@@ -6,9 +6,9 @@ responses). Rows are sorted by length and cut into micro-batches of a fixed row 
 bucketed length, so short trajectories are not padded to the longest of the batch and the jitted step sees few
 distinct shapes. With a pack length, several trajectories share a row instead (first fit, longest first): the
 row's attention mask holds each one's segment id (1, 2, ...), so attention never crosses a trajectory and RoPE
-positions restart at each (`model.segments`); the loss is the same sum over the same tokens, computed on a third
-fewer padded positions at the demo's lengths. The last micro-batch is filled up with empty rows (loss mask 0) so
-every micro-batch has the same row count.
+positions restart at each (`model.segments`); the loss is the same sum over the same tokens, on fewer positions
+(at the demo's lengths 79-89% of them are tokens instead of 64-70%). The last micro-batch is filled up with empty
+rows (loss mask 0) so every micro-batch has the same row count.
 """
 
 from __future__ import annotations
