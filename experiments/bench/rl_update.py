@@ -84,21 +84,21 @@ def run(config: ModelConfig, tokenizer: Any, seed: int, pad_multiple: int,
                                     PolicyLossOptions())]
     batches = [kept_trajectories(tokenizer, step, count, seed) for step, count in enumerate(kept)]
     advantages = [np.random.default_rng([seed, 1, i]).normal(size=len(b)) for i, b in enumerate(batches)]
+    micro_batches = {name: [rl_micro_batches(batch, advantage, rows, 0, pad_multiple, pack_length)
+                            for batch, advantage in zip(batches, advantages)]
+                     for name, (rows, pack_length) in LAYOUTS.items()}
     seconds = {name: [] for name in LAYOUTS}
-    positions = {name: 0 for name in LAYOUTS}
-    tokens = 0
-    for attempt in range(2):
-        for batch, advantage in zip(batches, advantages):
-            tokens += sum(len(t.token_ids) - 1 for t in batch) if attempt == 0 else 0
-            for name, (rows, pack_length) in LAYOUTS.items():
-                micro = rl_micro_batches(batch, advantage, rows, 0, pad_multiple, pack_length)
-                positions[name] += sum(b.shape[0] * b.shape[1] for b in micro) if attempt == 0 else 0
-                state, learner = learners[name]
+    for _ in range(2):
+        for step in range(len(batches)):
+            for name, (state, learner) in learners.items():
                 start = time.perf_counter()
-                state, _ = learner.update(state, micro, on_policy=True)
+                state, _ = learner.update(state, micro_batches[name][step], on_policy=True)
                 jax.block_until_ready(state.params)
                 seconds[name].append(time.perf_counter() - start)
                 learners[name][0] = state
+    tokens = sum(len(t.token_ids) - 1 for batch in batches for t in batch)
+    positions = {name: sum(b.shape[0] * b.shape[1] for micro in per_step for b in micro)
+                 for name, per_step in micro_batches.items()}
     steps = len(kept)
     result = {"tokens": tokens, "kept": list(kept), "layouts": {}}
     for name, (rows, pack_length) in LAYOUTS.items():

@@ -9,7 +9,7 @@ boundary (`allowed_keys`) and RoPE positions that restart at each segment (`segm
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -39,12 +39,20 @@ def segment_positions(segment_ids: jax.Array) -> jax.Array:
     RoPE. Ids must lie in [0, T]. Linear in T: each segment's offset is the smallest running count over its tokens.
     """
     ids = segment_ids.astype(jnp.int32)
-    batch, length = ids.shape
     count = jnp.cumsum(ids > 0, axis=-1, dtype=jnp.int32) - 1
-    row_offset = (jnp.arange(batch, dtype=jnp.int32) * (length + 1))[:, None]
-    first = jax.ops.segment_min(count.reshape(-1), (ids + row_offset).reshape(-1), num_segments=batch * (length + 1))
-    start = first[ids + row_offset]
+    start = per_segment(count, ids, jax.ops.segment_min)
     return jnp.where(ids > 0, count - start, jnp.maximum(count, 0))
+
+
+def per_segment(values: jax.Array, segment_ids: jax.Array, reduce: Callable[..., jax.Array]) -> jax.Array:
+    """[B, T]: at each position, `reduce` (`jax.ops.segment_sum`, `segment_min`, ...) of `values` [B, T] over the
+    positions of its row with its segment id (padding, id 0, is a segment of its own). Ids must lie in [0, T]: each
+    row's ids are offset by row x (T + 1), so one flat segment reduction serves the whole batch."""
+    ids = segment_ids.astype(jnp.int32)
+    batch, length = ids.shape
+    flat = ids + (jnp.arange(batch, dtype=jnp.int32) * (length + 1))[:, None]
+    totals = reduce(values.reshape(-1), flat.reshape(-1), num_segments=batch * (length + 1))
+    return totals[flat]
 
 
 class SegmentIds(NamedTuple):

@@ -19,6 +19,8 @@ import gin
 import jax
 import jax.numpy as jnp
 
+from rstar_jax.model.segments import per_segment
+
 NORMALIZATIONS = ("token_mean", "sequence_mean")
 KL_ESTIMATORS = ("k1", "k3")
 
@@ -39,20 +41,15 @@ def loss_weights(loss_mask: jax.Array, normalization: str = "token_mean", total_
     if normalization == "token_mean":
         count = jnp.sum(mask) if total_tokens is None else jnp.asarray(total_tokens, jnp.float32)
         return mask / jnp.maximum(count, 1.0)
-    lengths = jnp.sum(mask, axis=-1, keepdims=True) if segment_ids is None else _segment_lengths(mask, segment_ids)
+    if segment_ids is None:
+        lengths = jnp.sum(mask, axis=-1, keepdims=True)
+    else:
+        lengths = per_segment(mask, segment_ids, jax.ops.segment_sum)  # each token's own trajectory's
     if total_sequences is None:
         sequences = jnp.round(jnp.sum(jnp.where(mask > 0, 1.0 / jnp.maximum(lengths, 1.0), 0.0)))  # each adds 1
     else:
         sequences = jnp.asarray(total_sequences, jnp.float32)
     return mask / jnp.maximum(lengths, 1.0) / jnp.maximum(sequences, 1.0)
-
-
-def _segment_lengths(mask: jax.Array, segment_ids: jax.Array) -> jax.Array:
-    """[B, T]: each token's segment's count of unmasked tokens (its row's segment, by id)."""
-    batch, length = mask.shape
-    ids = segment_ids.astype(jnp.int32) + (jnp.arange(batch, dtype=jnp.int32) * (length + 1))[:, None]
-    totals = jax.ops.segment_sum(mask.reshape(-1), ids.reshape(-1), num_segments=batch * (length + 1))
-    return totals[ids]
 
 
 def masked_token_mean(values: jax.Array, loss_mask: jax.Array) -> jax.Array:

@@ -54,13 +54,13 @@ class RLBatch:
 
 
 def _segment_arrays(sequence: RolloutSequence, advantage: float) -> list[np.ndarray]:
-    """One trajectory's unpadded [n - 1] arrays: inputs, targets, attention mask (1), loss mask, rollout log-probs
-    of the targets, and its advantage on every token."""
+    """One trajectory's unpadded [n - 1] arrays: inputs, targets, loss mask, rollout log-probs of the targets, and
+    its advantage on every token (its attention mask is its segment number in the row, set by `_rows`)."""
     tokens = make_batch([sequence], multiple=1)
     length = len(sequence.token_ids) - 1
     logprobs = np.asarray(sequence.rollout_logprobs, np.float32)[1:]
-    return [tokens.input_ids[0, :length], tokens.targets[0, :length], tokens.attention_mask[0, :length],
-            tokens.loss_mask[0, :length], logprobs, np.full(length, advantage, np.float32)]
+    return [tokens.input_ids[0, :length], tokens.targets[0, :length], tokens.loss_mask[0, :length], logprobs,
+            np.full(length, advantage, np.float32)]
 
 
 def _rows(rows_of_segments: Sequence[Sequence[list[np.ndarray]]], rows: int, length: int, pad_id: int) -> RLBatch:
@@ -71,7 +71,7 @@ def _rows(rows_of_segments: Sequence[Sequence[list[np.ndarray]]], rows: int, len
     logprobs, advantages = np.zeros((rows, length), np.float32), np.zeros((rows, length), np.float32)
     for row, segments in enumerate(rows_of_segments):
         start = 0
-        for number, (ids, target, _, mask, logprob, advantage) in enumerate(segments, start=1):
+        for number, (ids, target, mask, logprob, advantage) in enumerate(segments, start=1):
             end = start + len(ids)
             input_ids[row, start:end], targets[row, start:end] = ids, target
             attention_mask[row, start:end], loss_mask[row, start:end] = number, mask
