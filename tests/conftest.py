@@ -2,15 +2,30 @@
 
 JAX reads XLA_FLAGS once at import, so the 8 simulated CPU devices the sharding tests need are requested here,
 before any test module imports jax. Single-device tests are unaffected: unsharded arrays live on device 0.
+
+Every test, and every process a test starts (the trainer killed and resumed, two JAX processes, the demo, sweeps),
+shares one persistent XLA compilation cache in a folder made empty for the session, so CI still compiles each
+program once: a resumed run or a later test that builds the same program loads it instead of compiling it again
+(the RL trainer, SFT resume and sweep modules together: 875 s without it, 730 s with it, 2026-12-07).
+A cached program is the same executable, so bit-exact comparisons between runs are unaffected. The lock that
+`JAX_COMPILATION_CACHE_MAX_SIZE` turns on keeps processes compiling the same program at once from reading a
+half-written entry.
 """
 
 import os
+import shutil
+import tempfile
 
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+_SESSION_COMPILATION_CACHE = None
+if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
+    _SESSION_COMPILATION_CACHE = tempfile.mkdtemp(prefix="rstar-jax-tests-xla-cache-")
+    os.environ["JAX_COMPILATION_CACHE_DIR"] = _SESSION_COMPILATION_CACHE
+    os.environ.setdefault("JAX_COMPILATION_CACHE_MAX_SIZE", str(4 << 30))
 
 from collections.abc import Iterator  # noqa: E402  (after the environment above)
 from typing import TYPE_CHECKING  # noqa: E402
@@ -19,6 +34,12 @@ import pytest  # noqa: E402
 
 if TYPE_CHECKING:
     from rstar_jax.reward import VerifierPool
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """Remove the session's compilation cache (only the one made above, never a folder the caller named)."""
+    if _SESSION_COMPILATION_CACHE is not None:
+        shutil.rmtree(_SESSION_COMPILATION_CACHE, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")
