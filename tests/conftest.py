@@ -6,7 +6,8 @@ before any test module imports jax. Single-device tests are unaffected: unsharde
 Every test, and every process a test starts (the trainer killed and resumed, two JAX processes, the demo, sweeps),
 shares one persistent XLA compilation cache in a folder made empty for the session, so CI still compiles each
 program once: a resumed run or a later test that builds the same program loads it instead of compiling it again
-(the RL trainer, SFT resume and sweep modules together: 875 s without it, 730 s with it, 2026-12-07).
+(the RL trainer, SFT resume and sweep modules together, one run each back to back: 875 s without it, 730 s with
+it, 2026-12-07; over a whole suite this machine's drift is as large).
 A cached program is the same executable, so bit-exact comparisons between runs are unaffected. The lock that
 `JAX_COMPILATION_CACHE_MAX_SIZE` turns on keeps processes compiling the same program at once from reading a
 half-written entry.
