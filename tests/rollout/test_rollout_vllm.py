@@ -23,7 +23,7 @@ from rstar_jax.rollout.vllm_engine import VLLMServerEngine
 from rstar_jax.rollout.vllm_server import VLLMServer, start_server, wait_healthy
 from rstar_jax.tokenizers import load_tokenizer
 from sandbox_server.api import Status
-from vllm_fixtures import TEST_SERVER_ARGS, TEST_SERVER_CPUS, TEST_SERVER_ENV
+from vllm_fixtures import TEST_SERVER_ARGS, TEST_SERVER_ENV, server_cpus
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(2400)]
 
@@ -40,9 +40,9 @@ def servers(model: CausalLM, tmp_path_factory: pytest.TempPathFactory) -> Iterat
     logs = tmp_path_factory.mktemp("vllm-logs")
     started = []
     try:
-        for _ in range(2):
+        for index in range(2):
             started.append(start_server(folder, log_dir=logs, extra_args=SERVER_ARGS, extra_env=TEST_SERVER_ENV,
-                                        cpus=TEST_SERVER_CPUS))
+                                        cpus=server_cpus(index)))
         for server in started:
             wait_healthy(server)
         yield started

@@ -20,7 +20,7 @@ from rstar_jax.rollout.vllm_engine import VLLMServerEngine
 from rstar_jax.rollout.vllm_fleet import VLLMFleet
 from rstar_jax.rollout.vllm_server import start_server, wait_healthy
 from rstar_jax.rollout.vllm_weight_sync import push_weights, write_sync_checkpoint
-from vllm_fixtures import TEST_SERVER_ARGS, TEST_SERVER_CPUS, TEST_SERVER_ENV, jax_scores, write_tiny_model
+from vllm_fixtures import TEST_SERVER_ARGS, TEST_SERVER_ENV, jax_scores, server_cpus, write_tiny_model
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]
 
@@ -37,7 +37,7 @@ def bf16_served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[VLLM
     root = tmp_path_factory.mktemp("vllm-bf16")
     model = write_tiny_model(root / "tiny", seed=0, tied=True)
     server = start_server(root / "tiny", log_dir=root / "logs", extra_args=(*TEST_SERVER_ARGS, "--dtype", "bfloat16"),
-                          extra_env=TEST_SERVER_ENV, cpus=TEST_SERVER_CPUS)
+                          extra_env=TEST_SERVER_ENV, cpus=server_cpus())
     with server:
         wait_healthy(server)
         yield VLLMFleet([VLLMServerEngine(server.url, model.config)], model.config, [server]), model

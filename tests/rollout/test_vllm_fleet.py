@@ -29,9 +29,9 @@ from vllm_fixtures import (
     KV_CACHE_BYTES,
     MAX_MODEL_LEN,
     TEST_SERVER_ARGS,
-    TEST_SERVER_CPUS,
     TEST_SERVER_ENV,
     jax_scores,
+    server_cpus,
     sharpened,
     write_tiny_model,
 )
@@ -50,9 +50,9 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, tuple
     models = {name: write_tiny_model(root / name, seed=0, tied=name == "tied") for name in ("tied", "untied")}
     servers = []
     try:
-        for name in models:
+        for index, name in enumerate(models):
             servers.append(start_server(root / name, log_dir=root / "logs", extra_args=TEST_SERVER_ARGS,
-                                        extra_env=TEST_SERVER_ENV, cpus=TEST_SERVER_CPUS))
+                                        extra_env=TEST_SERVER_ENV, cpus=server_cpus(index)))
         for server in servers:
             wait_healthy(server)
         yield {name: (VLLMFleet([VLLMServerEngine(server.url, model.config)], model.config, [server]), model)
@@ -156,10 +156,10 @@ def process_group(leader: int) -> list[int]:
 
 
 def test_every_process_of_a_pinned_server_runs_on_its_cpus(served):
-    for fleet, _ in served.values():
+    for index, (fleet, _) in enumerate(served.values()):
         pids = process_group(fleet.servers[0].process.pid)
         assert len(pids) >= 3, f"expected the API server, engine core and worker (at least), found {pids}"
-        assert {pid: os.sched_getaffinity(pid) for pid in pids} == {pid: set(TEST_SERVER_CPUS) for pid in pids}
+        assert {pid: os.sched_getaffinity(pid) for pid in pids} == {pid: set(server_cpus(index)) for pid in pids}
 
 
 def test_generate_returns_sampled_ids_with_their_raw_logprobs(served):

@@ -22,13 +22,18 @@ from rstar_jax.model.lm import Params
 MAX_MODEL_LEN = 4096
 TEST_SERVER_ARGS = ("--dtype", "float32", "--max-model-len", str(MAX_MODEL_LEN), "--max-num-seqs", "8",
                     "--enforce-eager")
-# 1 GiB of KV cache per server, and every process of a server on one CPU (start_server's `cpus`; the lowest this
-# process may use, CPU 0 here): unpinned, vLLM's spinning engine core takes the second core while a turn decodes, and
-# requests sent to the server mid-turn were answered seconds late (CI lost three races that way; see
-# vllm_server.start_server).
+# 1 GiB of KV cache per server.
 TEST_SERVER_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1"}
-TEST_SERVER_CPUS = (min(os.sched_getaffinity(0)),)
 KV_CACHE_BYTES = 2**30
+
+
+def server_cpus(index: int = 0) -> tuple[int]:
+    """The one CPU every process of a module's server `index` runs on (start_server's `cpus`): the CPUs this process
+    may use, taken in turn. Unpinned, vLLM's spinning engine core takes the second core while a turn decodes, and
+    requests sent to the server mid-turn were answered seconds late (CI lost three races that way; see
+    vllm_server.start_server). A core each, two servers start side by side instead of one after the other."""
+    cpus = sorted(os.sched_getaffinity(0))
+    return (cpus[index % len(cpus)],)
 
 
 def write_tiny_model(out: Path, seed: int, tied: bool) -> CausalLM:
