@@ -5,7 +5,6 @@ policy as the learner does."""
 from __future__ import annotations
 
 import asyncio
-import os
 from pathlib import Path
 
 import gin
@@ -24,10 +23,10 @@ from rstar_jax.tokenizers import load_tokenizer
 from rstar_jax.train.metrics import read_metrics
 from rstar_jax.train.rl_setup import rl_setup
 from rstar_jax.train.rl_trainer import RLTrainer
+from tests.rollout.vllm_fixtures import server_cpus
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(2400)]
-CPUS = sorted(os.sched_getaffinity(0))
-SERVER_CPUS = ((CPUS[0],), (CPUS[-1],))  # one core each where the machine has two
+SERVER_CPUS = (server_cpus(0), server_cpus(1))  # one core each where the machine has two
 # Digit counts: the kind the fixture's briefly drilled SFT model solves most often (mixed rewards, so updates).
 RL = [
     "RLSettings.stages = [@only/Stage()]", "only/Stage.name = 'only'", "only/Stage.steps = 2",
