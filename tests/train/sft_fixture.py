@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -55,9 +56,9 @@ class BackgroundSFT:
         return self.out / "model"
 
     def stop(self) -> None:
-        """Kill the run if it is still going."""
+        """Kill the run, and the sandbox server it starts, if it is still going."""
         if self.process.poll() is None:
-            self.process.kill()
+            os.killpg(self.process.pid, signal.SIGKILL)
         self.process.wait()
 
     def _output(self) -> str:
@@ -73,7 +74,8 @@ def start_format_sft(out: Path, gin_params: Sequence[str] = (), niceness: int = 
                "--gin_file", SFT_GIN, *(arg for param in gin_params for arg in ("--gin_param", param))]
     log = out.parent / "format_sft.log"
     with log.open("w") as output:
-        process = subprocess.Popen(command, cwd=REPO_ROOT, env=env, stdout=output, stderr=subprocess.STDOUT)
+        process = subprocess.Popen(command, cwd=REPO_ROOT, env=env, stdout=output, stderr=subprocess.STDOUT,
+                                   start_new_session=True)
     return BackgroundSFT(process, command, out, log)
 
 
