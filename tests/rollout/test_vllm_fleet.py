@@ -40,6 +40,8 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]
 
 PROMPT = (5, 17, 42, 300, 9, 77, 512, 3)
 LONG_TURN = MAX_MODEL_LEN - len(PROMPT)  # seconds of decoding: still running when a test acts on it
+# A turn a sync waits for: seen in flight within seconds as LONG_TURN is, and a quarter of its length to wait out.
+DRAINED_TURN = 1024
 SCORED = (7, 250, 13, 900, 64, 64, 1000, 2, 31, 400)
 
 
@@ -303,14 +305,14 @@ def test_a_turn_in_flight_during_a_sync_finishes_on_the_old_weights(served):
     new = sharpened(init_params(model.config, jax.random.key(8)), 4.0)
 
     async def sync_during_generation():
-        task = asyncio.create_task(engine.generate(PROMPT, SamplingParams(max_new_tokens=LONG_TURN, seed=2)))
+        task = asyncio.create_task(engine.generate(PROMPT, SamplingParams(max_new_tokens=DRAINED_TURN, seed=2)))
         await until_in_flight(engine, task)
         await fleet.update_weights(new, version=20)  # pause(mode="wait") drains the turn first
         assert task.done()
         return task.result(), await engine.score(SCORED)
 
     turn, after = run(fleet, sync_during_generation())
-    assert len(turn.token_ids) == LONG_TURN
+    assert len(turn.token_ids) == DRAINED_TURN
     old_expected = jax_scores(model.config, model.params, PROMPT + turn.token_ids)[len(PROMPT) - 1:]
     np.testing.assert_allclose(turn.logprobs, old_expected, atol=1e-4)
     np.testing.assert_allclose(after, jax_scores(model.config, new, SCORED), atol=1e-4)

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from sft_fixture import BackgroundSFT, remove_run, start_fixture_sft
+from sft_fixture import BackgroundSFT, start_fixture_sft
 
 FIXTURE_RUN = pytest.StashKey[BackgroundSFT]()
 
@@ -24,7 +24,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     """Stop the run if it still goes (an interrupted session) and delete its folder."""
     run = session.config.stash.get(FIXTURE_RUN, None)
     if run is not None:
-        remove_run(run)
+        run.remove()
 
 
 @pytest.fixture(scope="session")

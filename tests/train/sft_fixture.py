@@ -16,7 +16,6 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
-from typing import Sequence
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 SFT_GIN = "sft/tiny_format.gin"
@@ -28,16 +27,17 @@ SFT_GIN = "sft/tiny_format.gin"
 FIXTURE_BINDINGS = ("train_sft.drill_steps = 100", "train_sft.short_steps = 100", "train_sft.steps = 40",
                     "train_sft.number_loss_weight = 1.0", "train_sft.drill_repeats = 0.0",
                     "train_sft.drill_assistant_only = False", "train_sft.copy_gate = None")
-# The background run yields the CPU to the tests (nice 19: a running test keeps ~98% of a core it shares with it), so
-# it trains in the cycles they leave idle (the suite keeps ~1.35 of the 2 cores busy on average) and the tests'
-# timings, some of which race real servers, stay as they were.
-BACKGROUND_NICENESS = 19
+# The background run trains in the cycles the tests leave idle (they keep ~1.35 of the 2 cores busy on average) under
+# Linux's SCHED_IDLE policy: a test's thread that wakes up takes the core at once. At nice 19 it waited for the
+# scheduler's next tick, and XLA's parallel ops, which wait for their slowest thread, slowed down more: the held-out
+# backend test beside this run took 141 s with SCHED_IDLE and 168 s at nice 19, against 102 s alone (2026-12-08).
+BACKGROUND_POLICY = ("chrt", "--idle", "0")
 
 
 @dataclasses.dataclass
 class BackgroundSFT:
     """A running `python -m experiments.sft --out OUT` on one CPU device (the 8-device test flag removed), its output
-    in `log`."""
+    in `log`, in a temporary folder of its own that `remove` deletes."""
 
     process: subprocess.Popen
     command: list[str]
@@ -61,32 +61,25 @@ class BackgroundSFT:
             os.killpg(self.process.pid, signal.SIGKILL)
         self.process.wait()
 
+    def remove(self) -> None:
+        """Stop the run and delete its folder."""
+        self.stop()
+        shutil.rmtree(self.out.parent, ignore_errors=True)
+
     def _output(self) -> str:
         return self.log.read_text(errors="replace")[-8000:]
 
 
-def start_format_sft(out: Path, gin_params: Sequence[str] = (), niceness: int = 0) -> BackgroundSFT:
-    """Start the format SFT into `out` (gin/sft/tiny_format.gin and `gin_params`) at `niceness`, its output to
-    out/../format_sft.log."""
-    out.parent.mkdir(parents=True, exist_ok=True)
+def start_fixture_sft() -> BackgroundSFT:
+    """Start the session fixture's format SFT (gin/sft/tiny_format.gin with FIXTURE_BINDINGS) in the background, under
+    BACKGROUND_POLICY, in a new temporary folder; its output goes to format_sft.log there."""
+    root = Path(tempfile.mkdtemp(prefix="rstar-jax-tests-format-sft-"))
     env = {**os.environ, "XLA_FLAGS": "", "JAX_PLATFORMS": "cpu"}
-    command = ["nice", "-n", str(niceness), sys.executable, "-m", "experiments.sft", "--out", str(out),
-               "--gin_file", SFT_GIN, *(arg for param in gin_params for arg in ("--gin_param", param))]
-    log = out.parent / "format_sft.log"
+    command = [*BACKGROUND_POLICY, sys.executable, "-m", "experiments.sft", "--out",
+               str(root / "run"), "--gin_file", SFT_GIN,
+               *(arg for param in FIXTURE_BINDINGS for arg in ("--gin_param", param))]
+    log = root / "format_sft.log"
     with log.open("w") as output:
         process = subprocess.Popen(command, cwd=REPO_ROOT, env=env, stdout=output, stderr=subprocess.STDOUT,
                                    start_new_session=True)
-    return BackgroundSFT(process, command, out, log)
-
-
-def start_fixture_sft() -> BackgroundSFT:
-    """The session fixture's run (FIXTURE_BINDINGS) in a new temporary folder, in the background; `remove_run`
-    deletes the folder."""
-    root = Path(tempfile.mkdtemp(prefix="rstar-jax-tests-format-sft-"))
-    return start_format_sft(root / "run", FIXTURE_BINDINGS, BACKGROUND_NICENESS)
-
-
-def remove_run(run: BackgroundSFT) -> None:
-    """Stop `start_fixture_sft`'s run and delete its folder."""
-    run.stop()
-    shutil.rmtree(run.out.parent, ignore_errors=True)
+    return BackgroundSFT(process, command, root / "run", log)

@@ -15,6 +15,7 @@ import pytest
 from safetensors.numpy import load_file
 
 from rstar_jax.train.metrics import read_metrics
+from tests.engine_shapes import few_engine_shapes
 
 pytestmark = pytest.mark.slow
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -32,6 +33,7 @@ SHRUNKEN = [
     "short/ProblemSource.count = 1", "short/ProblemSource.seed = 3", "sft_transcripts.faulty_fraction = 0.5",
     "HeldOutEval.problems = @small/ProblemSource()", "small/ProblemSource.source = 'synthetic'",
     "small/ProblemSource.count = 4", "small/ProblemSource.split = 'heldout'", "HeldOutEval.samples = 2",
+    *few_engine_shapes(),  # instead of the demo's 8 prefill buckets and 6 decode windows
 ]
 
 

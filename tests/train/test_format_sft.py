@@ -13,6 +13,7 @@ from rstar_jax.eval.format_probe import calls_parse, probe_format
 from rstar_jax.gin_setup import parse_gin
 from rstar_jax.reward import VerifierPool
 from rstar_jax.train.metrics import read_metrics
+from tests.engine_shapes import few_engine_shapes
 
 CALL = ('<tool_call>\n{"name": "execute_python_code_with_standard_io", '
         '"arguments": {"code": "print(1)", "input": ""}}\n</tool_call>')
@@ -29,7 +30,7 @@ def test_calls_parse_needs_every_call_to_parse() -> None:
 def test_sft_model_calls_the_tool_on_new_problems(sft_model_dir: Path, verifier: VerifierPool) -> None:
     losses = [entry["loss"] for entry in read_metrics(sft_model_dir.parent / "metrics.jsonl")]
     assert losses[-1] < 0.25 * losses[0], losses
-    parse_gin([DEFAULT_GIN])  # the SFT's prompt wording
+    parse_gin([DEFAULT_GIN], few_engine_shapes())  # the SFT's prompt wording
     try:
         result = probe_format(sft_model_dir, verifier, num_problems=32)
     finally:

@@ -19,6 +19,7 @@ from rstar_jax.rollout.router import FailoverEngine
 from rstar_jax.train.rl_setup import RLSettings, rl_setup
 from rstar_jax.train.rl_trainer import RLTrainer
 from rstar_jax.train.stages import Stage, stage_at
+from tests.engine_shapes import few_engine_shapes
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 CONFIG = ModelConfig(family="qwen3", vocab_size=2048, hidden_size=32, intermediate_size=40, num_layers=1,
@@ -96,7 +97,11 @@ def test_the_rollout_router_is_one_gin_switch(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match=r"unknown rollout router 'fastest'; choose from \('failover', 'balancer'\)"):
         RolloutBackend(router="fastest")
     params = init_params(CONFIG, jax.random.key(0))
-    for router, kind in (("failover", FailoverEngine), ("balancer", Balancer)):
-        with RolloutBackend(router=router, jax_engines=2, slots=2, max_len=256).start(
-                CONFIG, params, tmp_path, "tiny") as engines:
-            assert type(engines.engine) is kind and len(engines.engine.engines) == 2
+    parse_gin([], few_engine_shapes(256))
+    try:
+        for router, kind in (("failover", FailoverEngine), ("balancer", Balancer)):
+            with RolloutBackend(router=router, jax_engines=2, slots=2, max_len=256).start(
+                    CONFIG, params, tmp_path, "tiny") as engines:
+                assert type(engines.engine) is kind and len(engines.engine.engines) == 2
+    finally:
+        gin.clear_config()

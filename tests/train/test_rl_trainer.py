@@ -21,6 +21,7 @@ import transformers
 from safetensors.numpy import load_file
 
 from rstar_jax.train.metrics import read_metrics
+from tests.engine_shapes import few_engine_shapes
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(2400)]
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -37,7 +38,7 @@ SMALL_RL = [
     "b/ProblemSource.count = 64", "b/ProblemSource.seed = 32", "b/ProblemSource.difficulty = 2",
     "b/ProblemSource.split = 'train'",
     "RLSettings.prompts_per_step = 4", "RLSettings.group_size = 2", "RLSettings.micro_batch_rows = 4",
-    "RolloutBackend.slots = 16",
+    "RolloutBackend.slots = 16", *few_engine_shapes(),
 ]
 
 

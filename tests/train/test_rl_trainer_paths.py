@@ -36,6 +36,7 @@ from rstar_jax.train.rl_hooks import StepEvent
 from rstar_jax.train.rl_setup import RLSettings, rl_setup
 from rstar_jax.train.rl_trainer import RLTrainer
 from rstar_jax.train.stages import Stage
+from tests.engine_shapes import few_engine_shapes
 
 RANDOM_CONFIG = ModelConfig(family="qwen3", vocab_size=2048, hidden_size=32, intermediate_size=40, num_layers=1,
                             num_heads=1, num_kv_heads=1, head_dim=32, max_position_embeddings=1024)
@@ -46,9 +47,9 @@ RL_OPTIMIZER = ["rl_optimizer.warmup_steps = 0", "rl_optimizer.learning_rate = 1
 
 @pytest.fixture(autouse=True)
 def gin_bindings() -> Iterator[None]:
-    """The optimiser of a few-step run (no warm-up), cleared after each test."""
+    """The optimiser of a few-step run (no warm-up) and engines of few shapes, cleared after each test."""
     gin.clear_config()
-    parse_gin([], RL_OPTIMIZER)
+    parse_gin([], [*RL_OPTIMIZER, *few_engine_shapes(RANDOM_BACKEND.max_len)])
     yield
     gin.clear_config()
 
@@ -302,7 +303,7 @@ def test_refill_and_two_updates_a_step_with_the_sft_model(sft_model_dir: Path, t
     next prompts, whole groups of G rows, up to the batch's prompts; and each step with signal makes two optimiser
     steps, on two mini-batches holding every kept row once, the state's step counter advanced by two."""
     # The SFT's system prompt; RL rows padded to one length (one compiled shape for every update of the run).
-    parse_gin([SFT_GIN], RL_OPTIMIZER)
+    parse_gin([SFT_GIN], [*RL_OPTIMIZER, *few_engine_shapes()])
     verdicts: list[tuple[list[str], list[bool]]] = []
 
     class Recorded:  # the session's verifier pool, its verdicts recorded
