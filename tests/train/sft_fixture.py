@@ -27,10 +27,10 @@ SFT_GIN = "sft/tiny_format.gin"
 FIXTURE_BINDINGS = ("train_sft.drill_steps = 100", "train_sft.short_steps = 100", "train_sft.steps = 40",
                     "train_sft.number_loss_weight = 1.0", "train_sft.drill_repeats = 0.0",
                     "train_sft.drill_assistant_only = False", "train_sft.copy_gate = None")
-# The background run trains in the cycles the tests leave idle (they keep ~1.35 of the 2 cores busy on average) under
-# Linux's SCHED_IDLE policy: a test's thread that wakes up takes the core at once. At nice 19 it waited for the
-# scheduler's next tick, and XLA's parallel ops, which wait for their slowest thread, slowed down more: the held-out
-# backend test beside this run took 141 s with SCHED_IDLE and 168 s at nice 19, against 102 s alone (2026-12-08).
+# The background run trains in the cycles the tests leave idle (they keep ~1.35 of the 2 cores busy on average), under
+# Linux's SCHED_IDLE policy, which gives way to any normal thread that wants a core. Tests that overlap it still slow
+# down, less than at nice 19 (the policy before): the held-out backend test took 141 s beside it under SCHED_IDLE,
+# 168 s at nice 19 and 102 s alone (2026-12-08).
 BACKGROUND_POLICY = ("chrt", "--idle", "0")
 
 
